@@ -1,0 +1,44 @@
+"""Typed exceptions. The CLI turns every :class:`SloserveError` into one line and exit 2."""
+
+from __future__ import annotations
+
+
+class SloserveError(Exception):
+    """Base class of every error sloserve raises on purpose (bad input, bad policy output)."""
+
+
+class ConfigError(SloserveError, ValueError):
+    """A configuration value (flag, YAML key, profile field) is invalid."""
+
+
+class WorkloadError(SloserveError, ValueError):
+    """A workload spec or trace file is invalid; the message names file, row and column."""
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """A registry lookup failed; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it verbatim
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidTransition(SloserveError, RuntimeError):
+    """A request was moved between states in an order the state machine forbids."""
+
+
+class SchedulerViolation(SloserveError, RuntimeError):
+    """A policy returned a SchedulerOutput that breaks a limit or the KV cache's state.
+
+    The message names the policy, the violated limit and the offending values, so a policy
+    author can fix the bug instead of debugging a corrupted engine.
+    """
+
+    def __init__(self, policy: str, limit: str, detail: str) -> None:
+        self.policy = policy
+        self.limit = limit
+        self.detail = detail
+        super().__init__(f"policy {policy!r} violated {limit}: {detail}")
+
+
+class StallError(SloserveError, RuntimeError):
+    """The simulation cannot make progress (a policy schedules nothing while work remains)."""

@@ -1,0 +1,235 @@
+"""The request, its state machine and its service-level targets.
+
+Token accounting follows DESIGN.md: a request has ``num_prompt_tokens`` (never rewritten),
+``num_output_tokens`` generated so far and ``num_computed_tokens`` held in the KV cache.
+Prefill, chunked prefill and recompute ("refill") after an eviction are the same thing:
+``num_computed_tokens`` catching up with ``seq_len = prompt + output``. An iteration that
+brings ``num_computed_tokens`` up to ``seq_len`` emits one new token, so during decode
+``num_computed_tokens == seq_len - 1`` and each decode step processes exactly one token.
+
+Token emission times are kept compactly as runs of iteration indices of the instance that
+served the request (``token_runs``); the instance's iteration log maps indices to times.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from sloserve.core.errors import InvalidTransition
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle states, ordered: terminal states compare greater than live ones."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED_RECOMPUTE = 2
+    PREEMPTED_SWAPPED = 3
+    FINISHED = 4
+    ABORTED = 5
+    REJECTED = 6
+
+    @property
+    def is_terminal(self) -> bool:
+        return self >= RequestStatus.FINISHED
+
+
+class RequestClass(str, enum.Enum):
+    """Real-time (latency SLOs) or best-effort (throughput only), as BROS distinguishes."""
+
+    RT = "rt"
+    BE = "be"
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Per-request latency targets in seconds; ``None`` means no target of that kind."""
+
+    ttft_s: float | None = None
+    """Time to first token."""
+    tpot_s: float | None = None
+    """Mean time per output token after the first."""
+    deadline_s: float | None = None
+    """End-to-end latency bound, arrival to last token (QLM's deadline)."""
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "deadline_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"SLO.{name} must be > 0, got {v}")
+
+    @property
+    def empty(self) -> bool:
+        return self.ttft_s is None and self.tpot_s is None and self.deadline_s is None
+
+
+@dataclass(frozen=True, slots=True)
+class QoESpec:
+    """Andes' expected consumption timeline: first token after ``ttft_s``, then ``tokens_per_s``."""
+
+    ttft_s: float
+    tokens_per_s: float
+
+    def __post_init__(self) -> None:
+        if not self.ttft_s >= 0:
+            raise ValueError(f"QoESpec.ttft_s must be >= 0, got {self.ttft_s}")
+        if not self.tokens_per_s > 0:
+            raise ValueError(f"QoESpec.tokens_per_s must be > 0, got {self.tokens_per_s}")
+
+
+_LIVE_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One inference request and its mutable serving state.
+
+    ``true_output_len`` is the number of tokens the request will generate. The engine uses
+    it to decide when the request ends; policies must not read it and go through an
+    :class:`~sloserve.core.predictor.OutputLengthPredictor` instead (``oracle`` reads it on
+    purpose and says so).
+    """
+
+    req_id: int
+    arrival: float
+    num_prompt_tokens: int
+    true_output_len: int
+    req_class: RequestClass = RequestClass.RT
+    priority: int = 0
+    """Lower is served first (vLLM's convention)."""
+    model: str = "default"
+    slo: SLO = field(default_factory=SLO)
+    qoe: QoESpec | None = None
+    max_tokens: int | None = None
+    """The client's cap on output tokens, if known (what a real engine would see)."""
+
+    status: RequestStatus = RequestStatus.WAITING
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    num_swaps: int = 0
+    first_scheduled: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    status_time: float = 0.0
+    reject_reason: str = ""
+    token_runs: list[int] = field(default_factory=list)
+    """Flattened inclusive ``[start, end]`` pairs of iteration indices that emitted a token."""
+    instance_id: int = -1
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens < 1:
+            raise ValueError(f"request {self.req_id}: prompt must have >= 1 token")
+        if self.true_output_len < 1:
+            raise ValueError(f"request {self.req_id}: output must have >= 1 token")
+        if self.arrival < 0:
+            raise ValueError(f"request {self.req_id}: arrival must be >= 0")
+        self.status_time = self.arrival
+
+    # ----------------------------------------------------------------- derived counters
+    @property
+    def seq_len(self) -> int:
+        """Prompt plus generated tokens: what a full (re)fill must compute."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def remaining_compute(self) -> int:
+        """Tokens to process before the next token can be emitted (1 while decoding)."""
+        return self.num_prompt_tokens + self.num_output_tokens - self.num_computed_tokens
+
+    @property
+    def in_decode(self) -> bool:
+        """True when the next step is a one-token decode (not a prefill or refill)."""
+        return self.num_output_tokens > 0 and self.remaining_compute == 1
+
+    @property
+    def remaining_output(self) -> int:
+        """Tokens still to generate (engine-side knowledge; policies use a predictor)."""
+        return self.true_output_len - self.num_output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    # ----------------------------------------------------------------- transitions
+    def _move(self, allowed: tuple[RequestStatus, ...], to: RequestStatus, now: float) -> None:
+        if self.status not in allowed:
+            names = "|".join(s.name for s in allowed)
+            raise InvalidTransition(
+                f"request {self.req_id}: cannot go {self.status.name} -> {to.name} "
+                f"(allowed from {names})"
+            )
+        if now < self.status_time - 1e-9:
+            raise InvalidTransition(
+                f"request {self.req_id}: time went backwards ({now} < {self.status_time})"
+            )
+        self.status = to
+        self.status_time = now
+
+    def start(self, now: float) -> None:
+        """WAITING | PREEMPTED_RECOMPUTE -> RUNNING (admitted to the KV cache)."""
+        self._move(_LIVE_QUEUED, RequestStatus.RUNNING, now)
+        if self.first_scheduled is None:
+            self.first_scheduled = now
+
+    def preempt_recompute(self, now: float) -> None:
+        """RUNNING -> PREEMPTED_RECOMPUTE: the KV cache is dropped and must be refilled."""
+        self._move((RequestStatus.RUNNING,), RequestStatus.PREEMPTED_RECOMPUTE, now)
+        self.num_computed_tokens = 0
+        self.num_preemptions += 1
+
+    def preempt_swap(self, now: float) -> None:
+        """RUNNING -> PREEMPTED_SWAPPED: the KV cache moves to the CPU tier."""
+        self._move((RequestStatus.RUNNING,), RequestStatus.PREEMPTED_SWAPPED, now)
+        self.num_preemptions += 1
+        self.num_swaps += 1
+
+    def swap_in(self, now: float) -> None:
+        """PREEMPTED_SWAPPED -> RUNNING: the KV cache is back on the GPU."""
+        self._move((RequestStatus.PREEMPTED_SWAPPED,), RequestStatus.RUNNING, now)
+
+    def finish(self, now: float) -> None:
+        """RUNNING -> FINISHED, after its last token."""
+        self._move((RequestStatus.RUNNING,), RequestStatus.FINISHED, now)
+        self.finish_time = now
+
+    def abort(self, now: float) -> None:
+        """Any live state -> ABORTED (client went away, or the run ended first)."""
+        self._move(
+            (
+                RequestStatus.WAITING,
+                RequestStatus.RUNNING,
+                RequestStatus.PREEMPTED_RECOMPUTE,
+                RequestStatus.PREEMPTED_SWAPPED,
+            ),
+            RequestStatus.ABORTED,
+            now,
+        )
+        self.finish_time = now
+
+    def reject(self, now: float, reason: str) -> None:
+        """WAITING -> REJECTED: the request can never be served (e.g. longer than M)."""
+        self._move((RequestStatus.WAITING,), RequestStatus.REJECTED, now)
+        self.reject_reason = reason
+        self.finish_time = now
+
+    # ----------------------------------------------------------------- tokens
+    def record_tokens(self, first_iter: int, count: int) -> None:
+        """Record ``count`` tokens emitted by consecutive iterations starting at ``first_iter``."""
+        runs = self.token_runs
+        last = first_iter + count - 1
+        if runs and runs[-1] == first_iter - 1:
+            runs[-1] = last
+        else:
+            runs.append(first_iter)
+            runs.append(last)
+        self.num_output_tokens += count
+
+    def token_iterations(self) -> list[int]:
+        """Iteration index of every emitted token, in order."""
+        out: list[int] = []
+        runs = self.token_runs
+        for i in range(0, len(runs), 2):
+            out.extend(range(runs[i], runs[i + 1] + 1))
+        return out

@@ -1,0 +1,101 @@
+"""Batch-time cost models: the one interface every executor and policy estimates with.
+
+Extension point: subclass :class:`CostModel`. Implement :meth:`CostModel.batch_time`; override
+:meth:`CostModel.decode_run_times` with a vectorised form when you can, because the
+simulator's fast path asks for whole runs of decode-only iterations at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStats:
+    """The aggregates of one iteration that every paper's batch-time model needs.
+
+    A "prefill" entry is any request processing more than its one decode token: a prompt
+    (or a chunk of it) or a refill after a recompute eviction.
+    """
+
+    num_prefill_tokens: int = 0
+    num_prefill_seqs: int = 0
+    prefill_attn_work: int = 0
+    """Σ over prefill chunks of c·(c + cached context): attention is quadratic in the chunk."""
+    num_decode: int = 0
+    decode_context_sum: int = 0
+    """Σ over decode requests of the KV tokens each reads."""
+    swap_tokens: int = 0
+    """KV tokens moved between GPU and CPU in this iteration (either direction)."""
+
+    @property
+    def total_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode
+
+    @property
+    def empty(self) -> bool:
+        return self.total_tokens == 0 and self.swap_tokens == 0
+
+
+class CostModel(ABC):
+    """Predicts how long an iteration takes on one replica, and how long KV transfers take."""
+
+    name: str = "cost-model"
+
+    @abstractmethod
+    def batch_time(self, stats: BatchStats) -> float:
+        """Seconds of GPU time for one iteration's forward pass (excluding swaps)."""
+
+    def swap_time(self, num_tokens: int) -> float:
+        """Seconds to move ``num_tokens`` tokens of KV cache over PCIe (one direction)."""
+        return 0.0
+
+    def prefill_time(self, tokens: int) -> float:
+        """Seconds for one request's whole prefill of ``tokens`` tokens, alone in a batch."""
+        if tokens <= 0:
+            return 0.0
+        return self.batch_time(
+            BatchStats(num_prefill_tokens=tokens, num_prefill_seqs=1, prefill_attn_work=tokens * tokens)
+        )
+
+    def decode_time(self, batch_size: int, context_sum: int) -> float:
+        """Seconds for one decode-only iteration of ``batch_size`` requests."""
+        return self.batch_time(BatchStats(num_decode=batch_size, decode_context_sum=context_sum))
+
+    def decode_run_times(self, num_decode: int, context_sum: int, steps: int) -> NDArray[np.float64]:
+        """Durations of ``steps`` consecutive decode-only iterations of the same requests.
+
+        Each iteration reads one more KV token per request than the previous one, so the
+        context sum grows by ``num_decode`` per step.
+        """
+        return np.array(
+            [self.decode_time(num_decode, context_sum + i * num_decode) for i in range(steps)],
+            dtype=np.float64,
+        )
+
+
+class ConstantCostModel(CostModel):
+    """Every non-empty iteration takes the same time; swaps cost a fixed time per token.
+
+    For tests and hand-checkable examples, not for conclusions.
+    """
+
+    def __init__(self, iteration_s: float = 0.01, swap_s_per_token: float = 0.0) -> None:
+        if not iteration_s > 0:
+            raise ValueError("iteration_s must be > 0")
+        self.iteration_s = iteration_s
+        self.swap_s_per_token = swap_s_per_token
+        self.name = f"constant:{iteration_s}"
+
+    def batch_time(self, stats: BatchStats) -> float:
+        return self.iteration_s if stats.total_tokens > 0 else 0.0
+
+    def swap_time(self, num_tokens: int) -> float:
+        return num_tokens * self.swap_s_per_token
+
+    def decode_run_times(self, num_decode: int, context_sum: int, steps: int) -> NDArray[np.float64]:
+        return np.full(steps, self.iteration_s if num_decode > 0 else 0.0)

@@ -1,0 +1,91 @@
+"""The linear (piecewise-linear in the non-attention term) batch-time model.
+
+This is the InferMax/Vidur decomposition: non-attention operators scale with the tokens in
+the batch, decode attention with the KV tokens read, prefill attention with Σ c·(c+ctx).
+Small batches are bound by reading the weights, not by FLOPs, so the non-attention term has
+a floor: ``max(token_floor, token_intercept + per_token·T)``. All coefficients are per
+iteration (already summed over layers) and in seconds. BROS's α0·Ln + α1·Ln·La + β and
+Aladdin's prefill/decode forms are special cases (zero the terms they lack).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
+
+from sloserve.costmodel.base import BatchStats, CostModel
+
+
+class LinearCoefficients(BaseModel):
+    """Per-iteration coefficients (seconds, per token / per sequence / per unit of work)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    intercept: float = Field(default=0.0, ge=0, description="fixed cost of any iteration")
+    token_floor: float = Field(default=0.0, ge=0, description="non-attention time floor")
+    token_intercept: float = Field(default=0.0, description="non-attention line intercept")
+    per_token: float = Field(default=0.0, ge=0, description="non-attention time per token")
+    decode_intercept: float = Field(default=0.0, ge=0, description="once if any decode")
+    per_decode_seq: float = Field(default=0.0, ge=0)
+    per_decode_kv: float = Field(default=0.0, ge=0, description="per KV token read in decode")
+    prefill_intercept: float = Field(default=0.0, ge=0, description="once if any prefill")
+    per_prefill_seq: float = Field(default=0.0, ge=0)
+    per_prefill_work: float = Field(default=0.0, ge=0, description="per unit of Σ c·(c+ctx)")
+    comm_intercept: float = Field(default=0.0, ge=0, description="tensor-parallel all-reduces")
+    comm_per_token: float = Field(default=0.0, ge=0)
+
+
+class LinearCostModel(CostModel):
+    """Evaluates :class:`LinearCoefficients`; swaps cost ``tokens·kv_bytes / bandwidth``."""
+
+    def __init__(
+        self,
+        coefficients: LinearCoefficients,
+        *,
+        kv_bytes_per_token: int = 0,
+        swap_bytes_per_s: float = 25e9,
+        swap_latency_s: float = 0.0,
+        name: str = "linear",
+    ) -> None:
+        self.c = coefficients
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.swap_bytes_per_s = swap_bytes_per_s
+        self.swap_latency_s = swap_latency_s
+        self.name = name
+
+    def _non_attention(self, tokens: int) -> float:
+        c = self.c
+        return max(c.token_floor, c.token_intercept + c.per_token * tokens)
+
+    def batch_time(self, stats: BatchStats) -> float:
+        c = self.c
+        tokens = stats.num_prefill_tokens + stats.num_decode
+        if tokens == 0:
+            return 0.0
+        t = c.intercept + self._non_attention(tokens) + c.comm_intercept + c.comm_per_token * tokens
+        if stats.num_decode:
+            t += (
+                c.decode_intercept
+                + c.per_decode_seq * stats.num_decode
+                + c.per_decode_kv * stats.decode_context_sum
+            )
+        if stats.num_prefill_tokens:
+            t += (
+                c.prefill_intercept
+                + c.per_prefill_seq * stats.num_prefill_seqs
+                + c.per_prefill_work * stats.prefill_attn_work
+            )
+        return t
+
+    def decode_run_times(self, num_decode: int, context_sum: int, steps: int) -> NDArray[np.float64]:
+        if num_decode == 0:
+            return np.zeros(steps)
+        first = self.decode_time(num_decode, context_sum)
+        # Only the KV-read term changes between steps: each request reads one more token.
+        return first + self.c.per_decode_kv * num_decode * np.arange(steps, dtype=np.float64)
+
+    def swap_time(self, num_tokens: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.swap_latency_s + num_tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
