@@ -1,0 +1,164 @@
+"""The contract between an instance and its scheduling policy.
+
+A policy sees an :class:`InstanceView` (read-only) and returns a :class:`SchedulerOutput`;
+the instance validates it against the :class:`Limits` and the KV manager before applying
+it, so a buggy policy raises :class:`~sloserve.core.errors.SchedulerViolation` instead of
+corrupting the engine.
+
+Extension point: subclass :class:`Scheduler` (see ``sloserve.policies`` for the built-ins).
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sloserve.core.predictor import OutputLengthPredictor
+from sloserve.core.request import Request
+from sloserve.costmodel.base import CostModel
+
+if TYPE_CHECKING:
+    from sloserve.engine.kv import KVCacheManager
+
+
+class PreemptionMode(str, enum.Enum):
+    """How an evicted request's KV cache is handled."""
+
+    RECOMPUTE = "recompute"
+    """Drop the KV cache; the request later refills prompt + generated tokens."""
+    SWAP = "swap"
+    """Copy the KV cache to the CPU tier; swapping it back costs PCIe time."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-iteration limits, in InferMax's notation."""
+
+    max_batch_tokens: int
+    """C: tokens processed in one iteration."""
+    max_prefill_tokens: int
+    """P: prefill (and refill) tokens in one iteration, P <= C."""
+    kv_capacity_tokens: int
+    """M: tokens of KV cache (block-rounded)."""
+    max_running: int
+    """R_max: requests holding KV cache at once."""
+    block_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "max_prefill_tokens", "kv_capacity_tokens", "max_running", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.max_prefill_tokens > self.max_batch_tokens:
+            raise ValueError("P (max_prefill_tokens) must be <= C (max_batch_tokens)")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One request in the next batch and the tokens it processes (1 for a decode step)."""
+
+    request: Request
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What the next iteration does, in the order the instance applies it.
+
+    1. ``preempt``: running requests to evict, each with its mode;
+    2. ``swap_in``: swapped requests whose KV comes back to the GPU;
+    3. ``batch``: the requests that run, with their token counts, in KV-allocation order.
+
+    ``repeatable`` is the policy's promise that, until a request arrives, a request
+    finishes or a KV allocation would fail, it would return the same decode-only batch
+    again. The instance then advances many iterations at once (results are identical to
+    stepping one at a time). Leave it False when unsure.
+    """
+
+    batch: tuple[ScheduledRequest, ...] = ()
+    preempt: tuple[tuple[Request, PreemptionMode], ...] = ()
+    swap_in: tuple[Request, ...] = ()
+    repeatable: bool = False
+
+    @property
+    def empty(self) -> bool:
+        return not self.batch and not self.preempt and not self.swap_in
+
+
+EMPTY_OUTPUT = SchedulerOutput()
+
+
+class InstanceView:
+    """Read-only window on an instance for its policy.
+
+    The queues are the instance's own lists (not copies, for speed): policies must not
+    mutate them. ``waiting`` holds new and recompute-preempted requests in arrival order;
+    ``running`` holds requests with KV on the GPU, in arrival order; ``swapped`` holds
+    requests whose KV is on the CPU tier, in arrival order.
+    """
+
+    __slots__ = (
+        "cost_model",
+        "instance_id",
+        "kv",
+        "limits",
+        "now",
+        "predictor",
+        "running",
+        "swapped",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        *,
+        instance_id: int,
+        waiting: Sequence[Request],
+        running: Sequence[Request],
+        swapped: Sequence[Request],
+        kv: KVCacheManager,
+        cost_model: CostModel,
+        predictor: OutputLengthPredictor,
+        limits: Limits,
+    ) -> None:
+        self.instance_id = instance_id
+        self.now = 0.0
+        self.waiting = waiting
+        self.running = running
+        self.swapped = swapped
+        self.kv = kv
+        self.cost_model = cost_model
+        self.predictor = predictor
+        self.limits = limits
+
+
+class Scheduler(ABC):
+    """A per-instance scheduling policy.
+
+    Subclasses set ``name`` and implement :meth:`schedule`. They may keep state between
+    calls (e.g. an adaptive batch size); the instance calls :meth:`on_finish` when a request
+    completes so that state can be updated.
+    """
+
+    name: str = "scheduler"
+
+    @abstractmethod
+    def schedule(self, view: InstanceView) -> SchedulerOutput:
+        """Choose the next iteration's batch, evictions and swap-ins."""
+
+    default_prefill_tokens: int | None = None
+    """The policy's own P when the user sets none (Sarathi: 512); None means P = C."""
+
+    def max_sequence_tokens(self, limits: Limits) -> int:
+        """Longest prompt+output the policy can ever serve; longer requests are rejected
+        on arrival instead of waiting forever."""
+        return limits.kv_capacity_tokens
+
+    def on_finish(self, req: Request, now: float) -> None:
+        """Called after a request of this instance finishes."""
+
+    def describe(self) -> dict[str, object]:
+        """The policy's parameters, for run summaries."""
+        return {"name": self.name}

@@ -1,0 +1,214 @@
+"""KV-cache block managers and the CPU swap tier.
+
+Extension point: :class:`KVCacheManager` is the interface the instance and policies use;
+BROS's bidirectional blocks implement the same interface. Every method is O(blocks touched):
+the free list is a stack, so allocating or freeing a block is O(1).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from sloserve.core.errors import SloserveError
+
+
+class KVInvariantError(SloserveError, AssertionError):
+    """The KV manager's bookkeeping is inconsistent (a bug, never a user error)."""
+
+
+class CPUSwapTier:
+    """Host memory for swapped-out KV blocks: a capacity in blocks; transfer time comes
+    from the cost model's ``swap_time``."""
+
+    __slots__ = ("capacity_blocks", "used_blocks")
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks < 0:
+            raise ValueError("CPU swap capacity must be >= 0 blocks")
+        self.capacity_blocks = capacity_blocks
+        self.used_blocks = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity_blocks - self.used_blocks
+
+
+class KVCacheManager(ABC):
+    """Tracks which request holds which KV blocks on the GPU, and what is on the CPU."""
+
+    block_size: int
+    num_blocks: int
+
+    @property
+    def capacity_tokens(self) -> int:
+        """M in tokens (block-rounded)."""
+        return self.num_blocks * self.block_size
+
+    @property
+    @abstractmethod
+    def num_free_blocks(self) -> int: ...
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @abstractmethod
+    def num_tokens(self, req_id: int) -> int:
+        """Tokens of KV the request holds on the GPU (0 when it holds none)."""
+
+    @abstractmethod
+    def num_request_blocks(self, req_id: int) -> int:
+        """Blocks the request holds on the GPU."""
+
+    @abstractmethod
+    def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
+        """Extra blocks the request would need to hold ``n_new_tokens`` more tokens."""
+
+    @abstractmethod
+    def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
+        """Grow the request by ``n_new_tokens``; the new blocks, or None (and no change)."""
+
+    @abstractmethod
+    def free(self, req_id: int) -> int:
+        """Release every GPU block of the request; the number released."""
+
+    @abstractmethod
+    def can_swap_out(self, req_id: int) -> bool: ...
+
+    @abstractmethod
+    def swap_out(self, req_id: int) -> int:
+        """Move the request's KV to the CPU tier; the number of tokens moved."""
+
+    @abstractmethod
+    def swap_in_blocks_needed(self, req_id: int) -> int: ...
+
+    @abstractmethod
+    def swap_in(self, req_id: int) -> int | None:
+        """Bring the request's KV back to the GPU; tokens moved, or None if it does not fit."""
+
+    @abstractmethod
+    def drop_swapped(self, req_id: int) -> None:
+        """Forget a swapped-out request's CPU copy (it was aborted)."""
+
+    @abstractmethod
+    def check_invariants(self) -> None:
+        """Raise :class:`KVInvariantError` if any block is lost, duplicated or miscounted."""
+
+
+class PagedKVManager(KVCacheManager):
+    """vLLM's paged KV cache: fixed-size blocks, a request's blocks need not be contiguous.
+
+    ``block_size=1`` makes capacity token-exact, as InferMax's M.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16, cpu_blocks: int = 0) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        # Reversed so that blocks are handed out 0, 1, 2, ... (stable, readable traces).
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._tables: dict[int, list[int]] = {}
+        self._tokens: dict[int, int] = {}
+        self._swapped: dict[int, tuple[int, int]] = {}  # req -> (tokens, blocks) on CPU
+        self.cpu = CPUSwapTier(cpu_blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def num_tokens(self, req_id: int) -> int:
+        return self._tokens.get(req_id, 0)
+
+    def num_request_blocks(self, req_id: int) -> int:
+        table = self._tables.get(req_id)
+        return len(table) if table is not None else 0
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
+        have = self.num_request_blocks(req_id)
+        return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
+
+    def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
+        tokens = self._tokens.get(req_id, 0) + n_new_tokens
+        table = self._tables.get(req_id)
+        have = len(table) if table is not None else 0
+        need = -(-tokens // self.block_size) - have
+        free = self._free
+        if need > len(free):
+            return None
+        if table is None:
+            table = self._tables[req_id] = []
+        new: list[int] = []
+        if need > 0:
+            new = free[-need:]
+            del free[-need:]
+            table.extend(new)
+        self._tokens[req_id] = tokens
+        return new
+
+    def free(self, req_id: int) -> int:
+        table = self._tables.pop(req_id, None)
+        self._tokens.pop(req_id, None)
+        if not table:
+            return 0
+        self._free.extend(table)
+        return len(table)
+
+    def can_swap_out(self, req_id: int) -> bool:
+        return self.num_request_blocks(req_id) <= self.cpu.free_blocks
+
+    def swap_out(self, req_id: int) -> int:
+        tokens = self._tokens.get(req_id, 0)
+        blocks = self.num_request_blocks(req_id)
+        if blocks > self.cpu.free_blocks:
+            raise KVInvariantError(f"request {req_id}: CPU swap tier is full")
+        self.free(req_id)
+        self.cpu.used_blocks += blocks
+        self._swapped[req_id] = (tokens, blocks)
+        return tokens
+
+    def swap_in_blocks_needed(self, req_id: int) -> int:
+        return self._swapped[req_id][1]
+
+    def swap_in(self, req_id: int) -> int | None:
+        tokens, blocks = self._swapped[req_id]
+        if blocks > len(self._free):
+            return None
+        del self._swapped[req_id]
+        self.cpu.used_blocks -= blocks
+        self.allocate(req_id, tokens)
+        return tokens
+
+    def drop_swapped(self, req_id: int) -> None:
+        entry = self._swapped.pop(req_id, None)
+        if entry is not None:
+            self.cpu.used_blocks -= entry[1]
+
+    def is_swapped(self, req_id: int) -> bool:
+        return req_id in self._swapped
+
+    def check_invariants(self) -> None:
+        seen: set[int] = set()
+        for b in self._free:
+            if b in seen:
+                raise KVInvariantError(f"block {b} is on the free list twice")
+            seen.add(b)
+        for req_id, table in self._tables.items():
+            for b in table:
+                if b in seen:
+                    raise KVInvariantError(f"block {b} of request {req_id} is owned twice")
+                seen.add(b)
+            if len(table) != self._blocks_for(self._tokens[req_id]):
+                raise KVInvariantError(
+                    f"request {req_id}: {len(table)} blocks for {self._tokens[req_id]} tokens"
+                )
+        if len(seen) != self.num_blocks or (seen and (min(seen) < 0 or max(seen) >= self.num_blocks)):
+            raise KVInvariantError(f"{len(seen)} blocks accounted for, expected {self.num_blocks}")
+        cpu = sum(b for _t, b in self._swapped.values())
+        if cpu != self.cpu.used_blocks or cpu > self.cpu.capacity_blocks:
+            raise KVInvariantError(f"CPU tier holds {cpu} blocks, counter says {self.cpu.used_blocks}")
