@@ -1,0 +1,286 @@
+"""The ``sloserve`` command line (typer). Every error a user can cause ends as one line on
+stderr and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from sloserve.config import builtin_config, read_yaml, set_path, validate, validation_message
+from sloserve.core.errors import SloserveError
+
+app = typer.Typer(
+    name="sloserve",
+    help="SLO-aware LLM serving: simulate and compare scheduling policies on calibrated replicas.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+# ----------------------------------------------------------------------------- options
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with any of the settings below (flags override it).")]
+WorkloadOpt = Annotated[str | None, typer.Option("--workload", help="Named length mix: sharegpt, lmsys, be-synthetic.")]
+TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay a CSV (arrival_s,prompt_tokens,output_tokens[,class,priority,ttft_slo_s,tpot_slo_s,deadline_s]) exactly.")]
+ArrivalOpt = Annotated[str | None, typer.Option("--arrival", help="Arrival process: poisson, gamma, bursty, constant.")]
+RateOpt = Annotated[float | None, typer.Option("--rate", help="Mean arrival rate, requests/s.")]
+CvOpt = Annotated[float | None, typer.Option("--cv", help="Gamma arrivals: coefficient of variation of gaps.")]
+BurstIOpt = Annotated[float | None, typer.Option("--burst-intensity", help="Bursty arrivals: burst rate / mean rate.")]
+BurstFOpt = Annotated[float | None, typer.Option("--burst-fraction", help="Bursty arrivals: fraction of each period in burst.")]
+BurstPOpt = Annotated[float | None, typer.Option("--burst-period", help="Bursty arrivals: period in seconds.")]
+DurationOpt = Annotated[float | None, typer.Option("--duration", help="Arrival window in seconds.")]
+NumReqOpt = Annotated[int | None, typer.Option("--num-requests", help="Cap on the number of requests.")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed of the workload.")]
+ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Replica profile (see `sloserve profiles`) or a profile YAML.")]
+MaxRunOpt = Annotated[int | None, typer.Option("--max-running", help="R_max: requests holding KV at once.")]
+MaxTokOpt = Annotated[int | None, typer.Option("--max-batch-tokens", help="C: tokens per iteration.")]
+ChunkOpt = Annotated[int | None, typer.Option("--chunk-size", help="P: prefill tokens per iteration (default: the policy's).")]
+BlockOpt = Annotated[int | None, typer.Option("--block-size", help="KV block size in tokens (1 = token-exact M).")]
+KvUtilOpt = Annotated[float | None, typer.Option("--kv-utilization", help="GPU memory fraction vLLM may use (0.9).")]
+KvCapOpt = Annotated[int | None, typer.Option("--kv-capacity", help="Override M, in tokens.")]
+PredOpt = Annotated[str | None, typer.Option("--predictor", help="Output-length predictor: oracle, constant:N, max-tokens[:N].")]
+CostOpt = Annotated[str | None, typer.Option("--cost-model", help="constant:SECONDS instead of the profile's model.")]
+HorizonOpt = Annotated[float | None, typer.Option("--horizon", help="Abort requests still live at this time (s).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")]
+
+_FLAG_PATHS: dict[str, tuple[str, ...]] = {
+    "workload": ("workload", "mix"),
+    "trace": ("workload", "trace"),
+    "arrival": ("workload", "arrival", "kind"),
+    "rate": ("workload", "arrival", "rate"),
+    "cv": ("workload", "arrival", "cv"),
+    "burst_intensity": ("workload", "arrival", "intensity"),
+    "burst_fraction": ("workload", "arrival", "burst_fraction"),
+    "burst_period": ("workload", "arrival", "period_s"),
+    "duration": ("workload", "duration_s"),
+    "num_requests": ("workload", "num_requests"),
+    "seed": ("workload", "seed"),
+    "profile": ("instance", "profile"),
+    "max_running": ("instance", "max_running"),
+    "max_batch_tokens": ("instance", "max_batch_tokens"),
+    "chunk_size": ("instance", "chunk_size"),
+    "block_size": ("instance", "block_size"),
+    "kv_utilization": ("instance", "kv_utilization"),
+    "kv_capacity": ("instance", "kv_capacity_tokens"),
+    "predictor": ("instance", "predictor"),
+    "cost_model": ("instance", "cost_model"),
+    "horizon": ("horizon_s",),
+}
+
+
+def _build_config(base: dict[str, Any], config: Path | None, flags: dict[str, Any]) -> tuple[Any, list[str] | None]:
+    """Merge built-in defaults, a YAML file and flags into a SimConfig (+ a policy list)."""
+    from sloserve.experiments.runner import SimConfig
+
+    data = dict(base)
+    source = "built-in defaults"
+    if config is not None:
+        data.update(read_yaml(config))
+        source = str(config)
+    policies = data.pop("policies", None)
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if name in _FLAG_PATHS:
+            set_path(data, _FLAG_PATHS[name], str(value) if isinstance(value, Path) else value)
+            source = f"{source} + command line" if "command line" not in source else source
+    arrival = data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
+    if isinstance(arrival, dict) and "kind" not in arrival:
+        arrival["kind"] = "poisson"
+    if policies is not None and (not isinstance(policies, list) or not all(isinstance(p, str) for p in policies)):
+        raise SloserveError(f"{source}: 'policies' must be a list of policy names")
+    return validate(SimConfig, data, source), policies
+
+
+def _summary_table(results: dict[str, Any], title: str) -> Table:
+    from sloserve.experiments.report import SUMMARY_COLUMNS, summary_rows
+
+    table = Table(title=title, show_lines=False)
+    table.add_column("policy", style="bold")
+    for _k, header, _f in SUMMARY_COLUMNS:
+        table.add_column(header, justify="right")
+    for row in summary_rows(results):
+        table.add_row(*row)
+    return table
+
+
+# ----------------------------------------------------------------------------- commands
+@app.command()
+def simulate(
+    config: ConfigOpt = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Scheduling policy (see `sloserve policies`).")] = None,
+    workload: WorkloadOpt = None,
+    trace: TraceOpt = None,
+    arrival: ArrivalOpt = None,
+    rate: RateOpt = None,
+    cv: CvOpt = None,
+    burst_intensity: BurstIOpt = None,
+    burst_fraction: BurstFOpt = None,
+    burst_period: BurstPOpt = None,
+    duration: DurationOpt = None,
+    num_requests: NumReqOpt = None,
+    seed: SeedOpt = None,
+    profile: ProfileOpt = None,
+    max_running: MaxRunOpt = None,
+    max_batch_tokens: MaxTokOpt = None,
+    chunk_size: ChunkOpt = None,
+    block_size: BlockOpt = None,
+    kv_utilization: KvUtilOpt = None,
+    kv_capacity: KvCapOpt = None,
+    predictor: PredOpt = None,
+    cost_model: CostOpt = None,
+    horizon: HorizonOpt = None,
+    out: OutOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary only.")] = False,
+) -> None:
+    """Simulate one policy on one replica and print its summary."""
+    from sloserve.experiments.report import _jsonable, write_report
+    from sloserve.experiments.runner import simulate as run_one
+
+    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
+    cfg, _ = _build_config({}, config, flags)
+    if policy is not None:
+        cfg = cfg.model_copy(update={"policy": policy})
+    from sloserve.policies.registry import make_policy
+
+    make_policy(cfg.policy, cfg.policy_params)
+    result = run_one(cfg)
+    if out is not None:
+        write_report({cfg.policy: result}, out)
+    if as_json:
+        sys.stdout.write(json.dumps(_jsonable(result.summary), indent=2) + "\n")
+        return
+    console.print(_summary_table({cfg.policy: result}, f"{len(result.requests)} requests, {result.summary['simulated_seconds']:.0f} s simulated"))
+    if out is not None:
+        console.print(f"report written to {out}")
+
+
+def _compare(base: dict[str, Any], config: Path | None, flags: dict[str, Any], policies: str | None, out: Path | None, as_json: bool) -> None:
+    from sloserve.experiments.report import _jsonable, write_report
+    from sloserve.experiments.runner import compare as run_many
+
+    cfg, listed = _build_config(base, config, flags)
+    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else listed
+    if not names:
+        raise SloserveError("no policies given: use --policies a,b or 'policies:' in the config")
+    with console.status(f"simulating {len(names)} policies…") if not as_json else _null():
+        results = run_many(cfg, names)
+    if out is not None:
+        write_report(results, out)
+    if as_json:
+        sys.stdout.write(json.dumps(_jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n")
+        return
+    first = next(iter(results.values()))
+    console.print(_summary_table(results, f"{len(first.requests)} requests, same arrivals for every policy"))
+    if out is not None:
+        console.print(f"report written to {out}")
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@app.command()
+def compare(
+    config: ConfigOpt = None,
+    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policies to compare.")] = None,
+    workload: WorkloadOpt = None,
+    trace: TraceOpt = None,
+    arrival: ArrivalOpt = None,
+    rate: RateOpt = None,
+    cv: CvOpt = None,
+    burst_intensity: BurstIOpt = None,
+    burst_fraction: BurstFOpt = None,
+    burst_period: BurstPOpt = None,
+    duration: DurationOpt = None,
+    num_requests: NumReqOpt = None,
+    seed: SeedOpt = None,
+    profile: ProfileOpt = None,
+    max_running: MaxRunOpt = None,
+    max_batch_tokens: MaxTokOpt = None,
+    chunk_size: ChunkOpt = None,
+    block_size: BlockOpt = None,
+    kv_utilization: KvUtilOpt = None,
+    kv_capacity: KvCapOpt = None,
+    predictor: PredOpt = None,
+    cost_model: CostOpt = None,
+    horizon: HorizonOpt = None,
+    out: OutOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summaries only.")] = False,
+) -> None:
+    """Compare policies on the very same requests; print a table, optionally write a report."""
+    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
+    _compare({}, config, flags, policies, out, as_json)
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("runs/demo"),
+    config: ConfigOpt = None,
+    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policies (default: the InferMax family, EDF and ranking).")] = None,
+    duration: DurationOpt = None,
+    rate: RateOpt = None,
+    seed: SeedOpt = None,
+) -> None:
+    """Compare the built-in policies on a bursty chat workload (one Llama-2-7B / A100 replica)."""
+    flags = {"duration": duration, "rate": rate, "seed": seed}
+    _compare(builtin_config("demo"), config, flags, policies, out, False)
+
+
+@app.command("policies")
+def list_policies() -> None:
+    """List the scheduling policies."""
+    from sloserve.policies.registry import policy_summaries
+
+    t = Table("policy", "what it is")
+    for name, summary in policy_summaries().items():
+        t.add_row(name, summary)
+    console.print(t)
+
+
+@app.command("profiles")
+def list_profiles() -> None:
+    """List the built-in replica profiles with their KV capacity at 0.9 utilisation."""
+    from sloserve.costmodel.profile import load_profile, profile_names
+
+    t = Table("profile", "model", "GPU", "TP", "M (tokens)", "decode 1 / 32 req (ms)")
+    for name in profile_names():
+        p = load_profile(name)
+        cm = p.cost_model()
+        t.add_row(
+            name,
+            p.model.name,
+            p.gpu.name,
+            str(p.tp),
+            f"{p.kv_capacity_tokens(0.9):,}",
+            f"{cm.decode_time(1, 1024) * 1e3:.1f} / {cm.decode_time(32, 32 * 1024) * 1e3:.1f}",
+        )
+    console.print(t)
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line and exit status 2."""
+    try:
+        app()
+    except SloserveError as e:
+        err_console.print(f"sloserve: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except ValidationError as e:
+        err_console.print(f"sloserve: error: {validation_message(e, 'input')}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

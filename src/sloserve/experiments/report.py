@@ -1,0 +1,139 @@
+"""Report folders: data first (parquet, JSON), figures made from the data (matplotlib).
+
+Layout of ``out/``: ``requests.parquet`` (one row per request and policy),
+``trace.parquet`` (one row per scheduling decision and policy), ``summary.json``
+(policy -> summary), ``config.json``, and PNG plots ``cdf_ttft.png``, ``cdf_tpot.png``,
+``cdf_qoe.png`` and ``timeline.png`` (running / waiting requests and KV usage over time,
+as Andes' Figure 3).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sloserve.core.errors import ConfigError
+from sloserve.experiments.runner import RunResult
+
+SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("finished", "done", "{:d}"),
+    ("ttft_p50", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p99", "TTFT p99 s", "{:.3f}"),
+    ("tpot_p50", "TPOT p50 ms", "ms"),
+    ("tpot_p99", "TPOT p99 ms", "ms"),
+    ("e2e_mean", "E2E mean s", "{:.2f}"),
+    ("qoe_mean", "QoE", "{:.3f}"),
+    ("slo_attainment", "SLO att.", "{:.1%}"),
+    ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
+    ("preemptions", "preempt", "{:d}"),
+)
+
+
+def fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if spec == "ms":
+        return f"{value * 1000:.1f}"
+    return spec.format(value)
+
+
+def summary_rows(results: Mapping[str, RunResult]) -> list[list[str]]:
+    return [[name, *(fmt(r.summary.get(k), f) for k, _h, f in SUMMARY_COLUMNS)] for name, r in results.items()]
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, np.generic):
+        return _jsonable(x.item())
+    return x
+
+
+def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bool = True) -> Path:
+    """Write the report folder; returns its path."""
+    out_dir = Path(out)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{out_dir}: cannot create the report folder ({e.strerror})") from e
+    tables = []
+    traces = []
+    for name, r in results.items():
+        t = r.table.copy()
+        t.insert(0, "policy", name)
+        tables.append(t)
+        tr = r.trace.copy()
+        tr.insert(0, "policy", name)
+        traces.append(tr)
+    pd.concat(tables, ignore_index=True).to_parquet(out_dir / "requests.parquet", index=False)
+    pd.concat(traces, ignore_index=True).to_parquet(out_dir / "trace.parquet", index=False)
+    (out_dir / "summary.json").write_text(
+        json.dumps(_jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
+    )
+    first = next(iter(results.values()))
+    (out_dir / "config.json").write_text(
+        json.dumps(
+            {"policies": list(results), "config": first.config.model_dump(mode="json")}, indent=2
+        )
+        + "\n"
+    )
+    if plots:
+        plot_report(results, out_dir)
+    return out_dir
+
+
+def plot_report(results: Mapping[str, RunResult], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for col, label, fname, scale in (
+        ("ttft_s", "TTFT (s)", "cdf_ttft.png", 1.0),
+        ("tpot_s", "TPOT (ms)", "cdf_tpot.png", 1000.0),
+        ("qoe", "QoE", "cdf_qoe.png", 1.0),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, r in results.items():
+            v = np.sort(r.table[col].dropna().to_numpy(dtype=np.float64)) * scale
+            if v.size:
+                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=name)
+        ax.set_xlabel(label)
+        ax.set_ylabel("CDF of requests")
+        if col == "ttft_s":
+            ax.set_xscale("symlog", linthresh=0.1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / fname, dpi=110)
+        plt.close(fig)
+
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    for name, r in results.items():
+        tr = r.trace
+        if not len(tr):
+            continue
+        t = tr["time"].to_numpy()
+        axes[0].step(t, tr["running"], where="post", label=name, lw=0.8)
+        axes[1].step(t, tr["waiting"], where="post", label=name, lw=0.8)
+        axes[2].step(t, 100 * tr["kv_usage"], where="post", label=name, lw=0.8)
+    axes[0].set_ylabel("running")
+    axes[1].set_ylabel("waiting")
+    axes[2].set_ylabel("KV usage (%)")
+    axes[2].set_xlabel("time (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(out_dir / "timeline.png", dpi=110)
+    plt.close(fig)

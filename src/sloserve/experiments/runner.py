@@ -1,0 +1,203 @@
+"""Running simulations: one policy (:func:`simulate`) or several on the same requests
+(:func:`compare`). The configs are frozen pydantic models so that a YAML file, CLI flags
+and Python code all describe a run the same way, and unknown keys are errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from sloserve.core.errors import ConfigError
+from sloserve.core.predictor import make_predictor
+from sloserve.core.request import Request
+from sloserve.costmodel.base import ConstantCostModel, CostModel
+from sloserve.costmodel.profile import GIB, ReplicaProfile, load_profile
+from sloserve.engine.env import PRIO_ARRIVAL, Environment
+from sloserve.engine.instance import Instance
+from sloserve.engine.interface import Limits
+from sloserve.metrics.summary import request_table, summarize
+from sloserve.policies.registry import make_policy
+from sloserve.workloads.spec import WorkloadSpec, build_requests
+
+
+class InstanceConfig(BaseModel):
+    """One replica: hardware profile and scheduler limits (InferMax's C, P, M, R_max)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: str = Field(default="llama-2-7b-a100", description="built-in profile name or YAML path")
+    max_running: int = Field(default=256, ge=1, description="R_max: requests holding KV at once")
+    max_batch_tokens: int = Field(default=4096, ge=1, description="C: tokens per iteration")
+    chunk_size: int | None = Field(default=None, ge=1, description="P: prefill tokens per iteration")
+    block_size: int = Field(default=16, ge=1, description="KV block size in tokens (1 = exact)")
+    kv_utilization: float = Field(default=0.9, gt=0, le=1, description="GPU memory fraction for vLLM")
+    kv_capacity_tokens: int | None = Field(default=None, ge=1, description="M override, in tokens")
+    cpu_swap_gib: float = Field(default=4.0, ge=0, description="host memory for swapped KV")
+    predictor: str = Field(default="oracle", description="output-length predictor for policies")
+    cost_model: str | None = Field(default=None, description="'constant:SECONDS' instead of the profile")
+    multi_step: bool = Field(default=True, description="advance repeatable decode runs in one step")
+
+
+class SimConfig(BaseModel):
+    """A whole simulated run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    instance: InstanceConfig = Field(default_factory=InstanceConfig)
+    policy: str = "vllm"
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    horizon_s: float | None = Field(default=None, gt=0, description="abort what is left at this time")
+
+
+@dataclass
+class RunResult:
+    """Everything one run produced; ``table`` and ``trace`` are data, plots come later."""
+
+    config: SimConfig
+    requests: list[Request]
+    table: pd.DataFrame
+    summary: dict[str, Any]
+    trace: pd.DataFrame
+    iter_end: np.ndarray = field(repr=False)
+
+
+def _cost_model(cfg: InstanceConfig, profile: ReplicaProfile) -> CostModel:
+    if cfg.cost_model is None:
+        return profile.cost_model()
+    kind, _, arg = cfg.cost_model.partition(":")
+    if kind == "constant":
+        try:
+            return ConstantCostModel(float(arg))
+        except ValueError as e:
+            raise ConfigError(f"cost_model {cfg.cost_model!r}: expected constant:SECONDS > 0") from e
+    raise ConfigError(f"unknown cost_model {cfg.cost_model!r}; valid: constant:SECONDS (or unset for the profile)")
+
+
+def fresh(requests: Sequence[Request]) -> list[Request]:
+    """Unserved copies of ``requests`` (so several policies can replay the same ones)."""
+    return [
+        Request(
+            req_id=r.req_id,
+            arrival=r.arrival,
+            num_prompt_tokens=r.num_prompt_tokens,
+            true_output_len=r.true_output_len,
+            req_class=r.req_class,
+            priority=r.priority,
+            model=r.model,
+            slo=r.slo,
+            qoe=r.qoe,
+            max_tokens=r.max_tokens,
+        )
+        for r in requests
+    ]
+
+
+def build_instance(cfg: SimConfig, env: Environment, *, check_invariants: bool = False) -> Instance:
+    """The replica of ``cfg``: profile, limits, policy and predictor wired together."""
+    icfg = cfg.instance
+    profile = load_profile(icfg.profile)
+    policy = make_policy(cfg.policy, cfg.policy_params)
+    m_tokens = icfg.kv_capacity_tokens or profile.kv_capacity_tokens(icfg.kv_utilization)
+    bs = icfg.block_size
+    if m_tokens < bs:
+        raise ConfigError(f"KV capacity {m_tokens} tokens is smaller than one block ({bs})")
+    c = icfg.max_batch_tokens
+    p = min(icfg.chunk_size or policy.default_prefill_tokens or c, c)
+    limits = Limits(
+        max_batch_tokens=c,
+        max_prefill_tokens=p,
+        kv_capacity_tokens=(m_tokens // bs) * bs,
+        max_running=icfg.max_running,
+        block_size=bs,
+    )
+    cpu_blocks = int(icfg.cpu_swap_gib * GIB // (profile.kv_bytes_per_token * bs))
+    return Instance(
+        env,
+        policy,
+        _cost_model(icfg, profile),
+        limits,
+        make_predictor(icfg.predictor),
+        cpu_swap_blocks=cpu_blocks,
+        max_context=profile.model.max_context,
+        multi_step=icfg.multi_step,
+        check_invariants=check_invariants,
+    )
+
+
+def workload_requests(cfg: SimConfig) -> list[Request]:
+    """The requests ``cfg`` describes (sampled lengths clipped to the model's context)."""
+    profile = load_profile(cfg.instance.profile)
+    return build_requests(cfg.workload, max_context=profile.model.max_context)
+
+
+def simulate(
+    cfg: SimConfig, requests: Sequence[Request] | None = None, *, check_invariants: bool = False
+) -> RunResult:
+    """Run one policy on one replica until every request ends (or ``horizon_s``)."""
+    t0 = time.perf_counter()
+    reqs = fresh(requests) if requests is not None else workload_requests(cfg)
+    env = Environment()
+    inst = build_instance(cfg, env, check_invariants=check_invariants)
+    feed: Iterator[Request] = iter(reqs)
+
+    def arrive(r: Request) -> None:
+        inst.add_request(r)
+        nxt = next(feed, None)
+        if nxt is not None:
+            env.schedule(nxt.arrival, lambda: arrive(nxt), PRIO_ARRIVAL)
+
+    first = next(feed, None)
+    if first is not None:
+        env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
+    horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
+    env.run(until=horizon)
+    if inst.num_live:
+        inst.abort_all()
+    sim_s = env.now
+    iter_end = np.asarray(inst.iter_end, dtype=np.float64)
+    table = request_table(reqs, {inst.instance_id: iter_end})
+    trace = pd.DataFrame(dataclasses.asdict(inst.trace))
+    if len(trace):
+        trace["kv_usage"] = trace["kv_used_blocks"] / inst.kv.num_blocks
+    wall = time.perf_counter() - t0
+    summary = summarize(
+        table,
+        simulated_seconds=sim_s,
+        wall_seconds=wall,
+        policy=cfg.policy,
+        extra={
+            "iterations": len(inst.iter_end),
+            "scheduling_decisions": len(inst.trace.time),
+            "busy_fraction": inst.busy_time / sim_s if sim_s > 0 else None,
+            "kv_capacity_tokens": inst.limits.kv_capacity_tokens,
+            "limits": dataclasses.asdict(inst.limits),
+            "profile": cfg.instance.profile,
+            "predictor": cfg.instance.predictor,
+            "policy_params": inst.scheduler.describe(),
+            "seed": cfg.workload.seed,
+        },
+    )
+    summary["wall_seconds"] = time.perf_counter() - t0
+    return RunResult(cfg, reqs, table, summary, trace, iter_end)
+
+
+def compare(cfg: SimConfig, policies: Sequence[str]) -> dict[str, RunResult]:
+    """Run each policy on the very same requests."""
+    if not policies:
+        raise ConfigError("compare needs at least one policy")
+    dup = {p for p in policies if list(policies).count(p) > 1}
+    if dup:
+        raise ConfigError(f"policy listed twice: {', '.join(sorted(dup))}")
+    for p in policies:  # fail before running anything; params apply to every policy
+        make_policy(p, cfg.policy_params)
+    reqs = workload_requests(cfg)
+    return {p: simulate(cfg.model_copy(update={"policy": p}), reqs) for p in policies}

@@ -1,0 +1,111 @@
+"""Replaying a request trace CSV exactly as given.
+
+Columns: ``arrival_s``, ``prompt_tokens``, ``output_tokens`` (required) and optionally
+``class`` (rt|be), ``priority``, ``model``, ``ttft_slo_s``, ``tpot_slo_s``, ``deadline_s``.
+An empty optional cell falls back to the workload's per-class rule. Any problem raises
+:class:`~sloserve.core.errors.WorkloadError` naming the file, the line and the column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from sloserve.core.errors import WorkloadError
+
+REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
+OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s")
+
+
+@dataclass
+class TraceColumns:
+    """A validated trace, column by column."""
+
+    arrival: NDArray[np.float64]
+    prompt: NDArray[np.int64]
+    output: NDArray[np.int64]
+    req_class: list[str] | None
+    priority: NDArray[np.int64] | None
+    model: list[str] | None
+    slo: dict[str, NDArray[np.float64]]
+
+
+def _line(idx: int) -> int:
+    return idx + 2  # 1-based, after the header
+
+
+def _numeric(df: pd.DataFrame, col: str, path: Path) -> NDArray[np.float64]:
+    raw = df[col]
+    num = pd.to_numeric(raw, errors="coerce")
+    bad = num.isna() & raw.notna()
+    if col in REQUIRED:
+        bad |= raw.isna()
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise WorkloadError(f"{path}: line {_line(i)}, column {col}: not a number ({raw.iloc[i]!r})")
+    return num.to_numpy(dtype=np.float64)
+
+
+def read_trace(path: str | Path) -> TraceColumns:
+    p = Path(path)
+    try:
+        df = pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[""], skipinitialspace=True)
+    except FileNotFoundError:
+        raise WorkloadError(f"{p}: trace file not found") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{p}: not a readable CSV ({str(e).splitlines()[0]})") from e
+    df.columns = [c.strip() for c in df.columns]
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise WorkloadError(f"{p}: missing column(s) {', '.join(missing)}; have {', '.join(df.columns)}")
+    if len(df) == 0:
+        raise WorkloadError(f"{p}: the trace has no rows")
+    arrival = _numeric(df, "arrival_s", p)
+    if (arrival < 0).any():
+        i = int(np.flatnonzero(arrival < 0)[0])
+        raise WorkloadError(f"{p}: line {_line(i)}, column arrival_s: negative ({arrival[i]})")
+    dec = np.flatnonzero(np.diff(arrival) < 0)
+    if dec.size:
+        i = int(dec[0]) + 1
+        raise WorkloadError(
+            f"{p}: line {_line(i)}, column arrival_s: not sorted ({arrival[i]} after {arrival[i - 1]})"
+        )
+    ints: dict[str, NDArray[np.int64]] = {}
+    for col in ("prompt_tokens", "output_tokens"):
+        v = _numeric(df, col, p)
+        bad = (v < 1) | (v != np.floor(v))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise WorkloadError(f"{p}: line {_line(i)}, column {col}: must be an integer >= 1 ({v[i]})")
+        ints[col] = v.astype(np.int64)
+    req_class = None
+    if "class" in df.columns:
+        cls = df["class"].fillna("rt").str.strip().str.lower()
+        bad_cls = ~cls.isin(["rt", "be"])
+        if bad_cls.any():
+            i = int(np.flatnonzero(bad_cls.to_numpy())[0])
+            raise WorkloadError(f"{p}: line {_line(i)}, column class: must be rt or be ({cls.iloc[i]!r})")
+        req_class = cls.tolist()
+    priority = None
+    if "priority" in df.columns:
+        pr = _numeric(df, "priority", p)
+        pr = np.nan_to_num(pr, nan=0.0)
+        if (pr != np.floor(pr)).any():
+            i = int(np.flatnonzero(pr != np.floor(pr))[0])
+            raise WorkloadError(f"{p}: line {_line(i)}, column priority: must be an integer ({pr[i]})")
+        priority = pr.astype(np.int64)
+    model = df["model"].fillna("default").tolist() if "model" in df.columns else None
+    slo: dict[str, NDArray[np.float64]] = {}
+    for col in OPTIONAL_FLOAT:
+        if col in df.columns:
+            v = _numeric(df, col, p)
+            bad = ~np.isnan(v) & (v <= 0)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise WorkloadError(f"{p}: line {_line(i)}, column {col}: must be > 0 ({v[i]})")
+            slo[col] = v
+    return TraceColumns(arrival, ints["prompt_tokens"], ints["output_tokens"], req_class, priority, model, slo)
