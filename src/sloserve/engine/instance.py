@@ -180,9 +180,8 @@ class Instance:
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
         return SchedulerViolation(self.scheduler.name, limit, detail)
 
-    def _validate(self, out: SchedulerOutput) -> tuple[int, int, int]:
-        """Check ``out`` against the limits; returns (tokens, prefill tokens, admitted)."""
-        lim = self.limits
+    def _check_evictions(self, out: SchedulerOutput) -> tuple[set[int], set[int]]:
+        """Validate ``preempt`` and ``swap_in``; returns their request ids."""
         me = self.instance_id
         preempted: set[int] = set()
         for r, _mode in out.preempt:
@@ -198,10 +197,19 @@ class Instance:
             if r.req_id in swapping:
                 raise self._violation("swap_in", f"request {r.req_id} swapped in twice")
             swapping.add(r.req_id)
+        return preempted, swapping
+
+    def _check_batch(self, out: SchedulerOutput, preempted: set[int], swapping: set[int]) -> tuple[int, int, int]:
+        """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
+
+        Runs before anything is mutated, so a violation leaves the instance untouched.
+        """
+        lim = self.limits
+        me = self.instance_id
+        RUNNING = RequestStatus.RUNNING
         seen: set[int] = set()
         tokens = prefill = admitted = 0
-        for sr in out.batch:
-            r, n = sr.request, sr.num_tokens
+        for r, n in out.batch:
             rid = r.req_id
             if rid in seen:
                 raise self._violation("batch", f"request {rid} appears twice")
@@ -209,7 +217,7 @@ class Instance:
             st = r.status
             if r.instance_id != me:
                 raise self._violation("batch", f"request {rid} belongs to another instance")
-            if st is RequestStatus.RUNNING:
+            if st is RUNNING:
                 if rid in preempted:
                     raise self._violation("batch", f"request {rid} is both preempted and scheduled")
             elif st in _QUEUED:
@@ -219,13 +227,12 @@ class Instance:
                     raise self._violation("batch", f"request {rid} is swapped out and not swapped in")
             else:
                 raise self._violation("batch", f"request {rid} is {st.name}")
-            remaining = r.remaining_compute
+            n_out = r.num_output_tokens
+            remaining = r.num_prompt_tokens + n_out - r.num_computed_tokens
             if n < 1 or n > remaining:
-                raise self._violation(
-                    "batch", f"request {rid} given {n} tokens, must be 1..{remaining}"
-                )
+                raise self._violation("batch", f"request {rid} given {n} tokens, must be 1..{remaining}")
             tokens += n
-            if not r.in_decode:
+            if n_out == 0 or remaining > 1:
                 prefill += n
         if tokens > lim.max_batch_tokens:
             raise self._violation("C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}")
@@ -239,7 +246,10 @@ class Instance:
         return tokens, prefill, admitted
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
-        tokens, prefill, admitted = self._validate(out)
+        if out.repeatable and not out.preempt and not out.swap_in:
+            return self._apply_decode_run(out.batch, now)
+        preempted, swapping = self._check_evictions(out)
+        tokens, prefill, admitted = self._check_batch(out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
         for r, mode in out.preempt:
@@ -268,31 +278,22 @@ class Instance:
             bisect.insort(self.running, r, key=_arrival_key)
 
         batch = out.batch
-        fast_k = 0
-        if (
-            out.repeatable
-            and self.multi_step
-            and prefill == 0
-            and admitted == 0
-            and swap_tokens == 0
-            and not out.preempt
-        ):
-            fast_k = self._fast_steps(batch, now)
-
         n_prefill_seqs = work = n_decode = ctx = 0
-        for sr in batch:
-            r, n = sr.request, sr.num_tokens
-            if r.status is not RequestStatus.RUNNING:
+        allocate = kv.allocate
+        RUNNING = RequestStatus.RUNNING
+        for r, n in batch:
+            if r.status is not RUNNING:
                 r.start(now)
                 self.waiting.remove(r)
                 bisect.insort(self.running, r, key=_arrival_key)
-            if r.in_decode:
+            computed = r.num_computed_tokens
+            if r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1:
                 n_decode += 1
-                ctx += r.num_computed_tokens
+                ctx += computed
             else:
                 n_prefill_seqs += 1
-                work += n * (n + r.num_computed_tokens)
-            if kv.allocate(r.req_id, fast_k or n) is None:
+                work += n * (n + computed)
+            if allocate(r.req_id, n) is None:
                 raise self._violation(
                     "M (KV capacity)",
                     f"request {r.req_id} needs {kv.blocks_needed(r.req_id, n)} more blocks, "
@@ -300,22 +301,22 @@ class Instance:
                 )
 
         cm = self.cost_model
-        if fast_k:
-            durs = cm.decode_run_times(n_decode, ctx, fast_k)
-            ends = (now + np.cumsum(durs)).tolist()
-        else:
-            stats = BatchStats(
-                num_prefill_tokens=prefill,
-                num_prefill_seqs=n_prefill_seqs,
-                prefill_attn_work=work,
-                num_decode=n_decode,
-                decode_context_sum=ctx,
-                swap_tokens=swap_tokens,
-            )
-            dur = cm.batch_time(stats) + cm.swap_time(swap_tokens)
-            if not dur > 0:
-                raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {dur}s")
-            ends = [now + dur]
+        stats = BatchStats(
+            num_prefill_tokens=prefill,
+            num_prefill_seqs=n_prefill_seqs,
+            prefill_attn_work=work,
+            num_decode=n_decode,
+            decode_context_sum=ctx,
+            swap_tokens=swap_tokens,
+        )
+        dur = cm.batch_time(stats) + cm.swap_time(swap_tokens)
+        if not dur > 0:
+            raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {dur}s")
+        ends = [now + dur]
+        return self._record(batch, ends, tokens, now, fast=False)
+
+    def _record(self, batch: tuple[ScheduledRequest, ...], ends: list[float], tokens: int, now: float, *, fast: bool) -> _Pending:
+        kv = self.kv
         tr = self.trace
         tr.time.append(now)
         tr.running.append(len(self.running))
@@ -329,46 +330,56 @@ class Instance:
         self.busy_time += ends[-1] - now
         if self.debug_checks:
             kv.check_invariants()
-        return _Pending(batch, ends, fast_k > 0)
+        return _Pending(batch, ends, fast)
 
-    def _fast_steps(self, batch: tuple[ScheduledRequest, ...], now: float) -> int:
-        """How many identical decode iterations can run before anything could change."""
-        k = min(_MAX_FAST_STEPS, min(sr.request.remaining_output for sr in batch))
-        if k <= 1:
-            return 0
-        kv = self.kv
-        n = len(batch)
-        ctx = sum(sr.request.num_computed_tokens for sr in batch)
-        t_next = self.env.peek()
-        if t_next != math.inf:
-            ends = now + np.cumsum(self.cost_model.decode_run_times(n, ctx, k))
-            # The iteration during which the next event happens is the last one we may run.
-            k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
-            if k <= 1:
-                return 0
-        bs = kv.block_size
-        slack = np.fromiter(
-            (kv.num_request_blocks(sr.request.req_id) * bs - kv.num_tokens(sr.request.req_id) for sr in batch),
-            dtype=np.int64,
-            count=n,
-        )
-        free = kv.num_free_blocks
-
-        def need(steps: int) -> int:
-            return int(np.maximum(0, -((slack - steps) // bs)).sum())
-
-        if need(k) > free:
-            lo, hi = 1, k  # need(lo) <= free is checked by the caller's normal path
-            if need(1) > free:
-                return 0
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if need(mid) <= free:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
-        return k if k > 1 else 0
+    def _apply_decode_run(self, batch: tuple[ScheduledRequest, ...], now: float) -> _Pending:
+        """A repeatable decode-only batch: validate it, then run as many identical iterations
+        as can happen before the next event, a finish or a KV shortfall (at least one)."""
+        me = self.instance_id
+        RUNNING = RequestStatus.RUNNING
+        ids: list[int] = []
+        ctx = 0
+        k = _MAX_FAST_STEPS
+        for r, n in batch:
+            n_out = r.num_output_tokens
+            computed = r.num_computed_tokens
+            if r.status is not RUNNING or r.instance_id != me or n != 1 or not n_out or (
+                r.num_prompt_tokens + n_out - computed != 1
+            ):
+                raise self._violation(
+                    "repeatable", f"request {r.req_id} is not a running decode step of this instance"
+                )
+            ids.append(r.req_id)
+            ctx += computed
+            left = r.true_output_len - n_out
+            if left < k:
+                k = left
+        if len(set(ids)) != len(ids):
+            raise self._violation("batch", "a request appears twice")
+        if len(ids) > self.limits.max_batch_tokens:
+            raise self._violation("C (max batch tokens)", f"{len(ids)} tokens > C={self.limits.max_batch_tokens}")
+        cm = self.cost_model
+        if not self.multi_step:
+            k = 1
+        if k > 1:
+            t_next = self.env.peek()
+            if t_next != math.inf:
+                ends_k = now + np.cumsum(cm.decode_run_times(len(ids), ctx, k))
+                # The iteration during which the next event happens is the last one we run.
+                k = min(k, int(np.searchsorted(ends_k, t_next, side="left")) + 1)
+            if k > 1:
+                k = max(1, self.kv.max_uniform_growth(ids, k))
+        if not self.kv.grow_many(ids, k):
+            raise self._violation(
+                "M (KV capacity)",
+                f"{len(ids)} decodes need {self.kv.decode_blocks_needed(ids)} blocks, "
+                f"{self.kv.num_free_blocks} free",
+            )
+        durs = cm.decode_run_times(len(ids), ctx, k)
+        if not durs[0] > 0:
+            raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {durs[0]}s")
+        ends = (now + np.cumsum(durs)).tolist()
+        return self._record(batch, ends, len(ids), now, fast=True)
 
     def _complete(self) -> None:
         pending = self._pending
@@ -380,23 +391,36 @@ class Instance:
         first = len(self.iter_end)
         self.iter_end.extend(ends)
         k = len(ends)
-        for sr in pending.batch:
-            r = sr.request
-            if pending.fast:
+        fast = pending.fast
+        finished: list[Request] = []
+        if fast:
+            last = first + k - 1
+            for r, _n in pending.batch:
                 r.num_computed_tokens += k
-                r.record_tokens(first, k)
-            else:
-                r.num_computed_tokens += sr.num_tokens
+                r.num_output_tokens += k
+                runs = r.token_runs  # inlined Request.record_tokens: this is the hot loop
+                if runs and runs[-1] == first - 1:
+                    runs[-1] = last
+                else:
+                    runs.append(first)
+                    runs.append(last)
+                if r.num_output_tokens >= r.true_output_len:
+                    finished.append(r)
+        else:
+            for r, n in pending.batch:
+                r.num_computed_tokens += n
                 if r.num_computed_tokens == r.num_prompt_tokens + r.num_output_tokens:
                     if r.first_token_time is None:
                         r.first_token_time = end
                     r.record_tokens(first, 1)
-            if r.num_output_tokens >= r.true_output_len:
-                self.kv.free(r.req_id)
-                self.running.remove(r)
-                r.finish(end)
-                self.scheduler.on_finish(r, end)
-                self._done(r)
+                    if r.num_output_tokens >= r.true_output_len:
+                        finished.append(r)
+        for r in finished:
+            self.kv.free(r.req_id)
+            self.running.remove(r)
+            r.finish(end)
+            self.scheduler.on_finish(r, end)
+            self._done(r)
         self._iterate()
 
     # ------------------------------------------------------------------ teardown

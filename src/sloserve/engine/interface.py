@@ -14,7 +14,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request
@@ -55,9 +55,11 @@ class Limits:
             raise ValueError("P (max_prefill_tokens) must be <= C (max_batch_tokens)")
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
-    """One request in the next batch and the tokens it processes (1 for a decode step)."""
+class ScheduledRequest(NamedTuple):
+    """One request in the next batch and the tokens it processes (1 for a decode step).
+
+    A named tuple rather than a dataclass: policies build one per request per iteration.
+    """
 
     request: Request
     num_tokens: int

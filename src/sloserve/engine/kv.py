@@ -8,6 +8,9 @@ the free list is a stack, so allocating or freeing a block is O(1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
 
 from sloserve.core.errors import SloserveError
 
@@ -63,6 +66,44 @@ class KVCacheManager(ABC):
     @abstractmethod
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         """Extra blocks the request would need to hold ``n_new_tokens`` more tokens."""
+
+    def decode_blocks_needed(self, req_ids: Sequence[int]) -> int:
+        """Blocks needed for each of these requests to grow by one token (a decode step).
+
+        Each needs at most one: policies rely on that to admit decodes in bulk.
+        """
+        return sum(self.blocks_needed(r, 1) for r in req_ids)
+
+    def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
+        """Grow every request by ``n_new_tokens``, all or nothing; False if it does not fit."""
+        need = sum(self.blocks_needed(r, n_new_tokens) for r in req_ids)
+        if need > self.num_free_blocks:
+            return False
+        for r in req_ids:
+            self.allocate(r, n_new_tokens)
+        return True
+
+    def max_uniform_growth(self, req_ids: Sequence[int], limit: int) -> int:
+        """Largest k <= ``limit`` such that every request can grow by k tokens at once.
+
+        The simulator's fast path asks this before advancing k decode steps in one go.
+        Generic binary search; managers override it with something faster.
+        """
+        free = self.num_free_blocks
+
+        def fits(k: int) -> bool:
+            return sum(self.blocks_needed(r, k) for r in req_ids) <= free
+
+        if fits(limit):
+            return limit
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if fits(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     @abstractmethod
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
@@ -158,6 +199,61 @@ class PagedKVManager(KVCacheManager):
             return 0
         self._free.extend(table)
         return len(table)
+
+    def decode_blocks_needed(self, req_ids: Sequence[int]) -> int:
+        # A request needs a new block exactly when its last block is full.
+        bs = self.block_size
+        tokens = self._tokens
+        return sum(1 for r in req_ids if tokens.get(r, 0) % bs == 0)
+
+    def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
+        bs = self.block_size
+        tables = self._tables
+        tokens = self._tokens
+        need = 0
+        for r in req_ids:
+            t = tokens[r] + n_new_tokens
+            need += -(-t // bs) - len(tables[r])
+        free = self._free
+        if need > len(free):
+            return False
+        for r in req_ids:
+            t = tokens[r] + n_new_tokens
+            tokens[r] = t
+            table = tables[r]
+            more = -(-t // bs) - len(table)
+            if more > 0:
+                table.extend(free[-more:])
+                del free[-more:]
+        return True
+
+    def max_uniform_growth(self, req_ids: Sequence[int], limit: int) -> int:
+        bs = self.block_size
+        free = len(self._free)
+        if free >= len(req_ids) * (limit // bs + 1):
+            return limit  # enough even if every request starts on a full block
+        tables = self._tables
+        tokens = self._tokens
+        # Free slots in each request's last block; growing by k needs ceil((k - slack)/bs).
+        slack = np.fromiter(
+            (len(tables[r]) * bs - tokens[r] if r in tables else 0 for r in req_ids),
+            dtype=np.int64,
+            count=len(req_ids),
+        )
+
+        def need(k: int) -> int:
+            return int(np.maximum(0, -((slack - k) // bs)).sum())
+
+        if need(limit) <= free:
+            return limit
+        lo, hi = 0, limit
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def can_swap_out(self, req_id: int) -> bool:
         return self.num_request_blocks(req_id) <= self.cpu.free_blocks

@@ -165,7 +165,7 @@ def simulate(
     sim_s = env.now
     iter_end = np.asarray(inst.iter_end, dtype=np.float64)
     table = request_table(reqs, {inst.instance_id: iter_end})
-    trace = pd.DataFrame(dataclasses.asdict(inst.trace))
+    trace = pd.DataFrame({f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)})
     if len(trace):
         trace["kv_usage"] = trace["kv_used_blocks"] / inst.kv.num_blocks
     wall = time.perf_counter() - t0

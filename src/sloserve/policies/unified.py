@@ -32,7 +32,7 @@ Choices where the paper is silent (all parameters of :class:`UnifiedConfig`):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from sloserve.core.request import Request, RequestStatus
@@ -44,6 +44,7 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
+from sloserve.engine.kv import KVCacheManager
 
 GroupMode = Literal["prefill-first", "decode-first", "single"]
 OrderKey = Literal["fcfs", "priority", "edf", "input", "output"]
@@ -70,12 +71,16 @@ class UnifiedConfig:
     order: OrderKey = "fcfs"
     evict_for_waiting: bool = False
     """Whether a waiting candidate may evict lower-ranked running requests."""
+    watermark: float = 0.01
+    """Fraction of KV blocks an admission must leave free (vLLM's watermark, 1%)."""
 
     def __post_init__(self) -> None:
         if self.eviction_free and self.evict:
             object.__setattr__(self, "evict", False)
         if self.prefill_tokens is not None and self.prefill_tokens < 1:
             raise ValueError("prefill_tokens must be >= 1")
+        if not 0 <= self.watermark < 1:
+            raise ValueError("watermark must be in [0, 1)")
 
 
 def _deadline(r: Request) -> float:
@@ -119,140 +124,188 @@ class UnifiedScheduler(Scheduler):
         pred = view.predictor
         return lambda r: (pred.predict(r), r.arrival, r.req_id)
 
-    def _groups(self, view: InstanceView, key: Callable[[Request], tuple[float, float, int]] | None) -> list[Sequence[Request]]:
+    def _groups(
+        self, view: InstanceView, key: Callable[[Request], tuple[float, float, int]] | None
+    ) -> list[tuple[Sequence[Request], bool]]:
+        """The groups in order, each flagged True when it holds only running decodes."""
+
         def srt(xs: Sequence[Request]) -> Sequence[Request]:
             return sorted(xs, key=key) if key is not None and len(xs) > 1 else xs
 
         mode = self.config.groups
         if mode == "single":
             allr = [*view.running, *view.swapped, *view.waiting]
-            return [sorted(allr, key=key or (lambda r: (r.arrival, 0.0, r.req_id)))]
-        if mode == "prefill-first":
-            return [srt(view.swapped), srt(view.waiting), srt(view.running)]
+            return [(sorted(allr, key=key or _arrival_rank), False)]
         running = srt(view.running)
-        return [
-            [r for r in running if r.in_decode],
-            [r for r in running if not r.in_decode],
-            srt(view.swapped),
-            srt(view.waiting),
-        ]
+        if mode == "prefill-first" and not self.config.chunked_prefill:
+            # Without chunking every (re)fill completes in one iteration, so between
+            # iterations every running request is decoding.
+            return [(srt(view.swapped), False), (srt(view.waiting), False), (running, True)]
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for r in running:
+            n_out = r.num_output_tokens
+            if n_out and r.num_prompt_tokens + n_out - r.num_computed_tokens == 1:
+                decodes.append(r)
+            else:
+                prefills.append(r)
+        if mode == "prefill-first":
+            return [(srt(view.swapped), False), (srt(view.waiting), False), (running, not prefills)]
+        return [(decodes, True), (prefills, False), (srt(view.swapped), False), (srt(view.waiting), False)]
 
     # -------------------------------------------------------------- GetNextBatch
     def schedule(self, view: InstanceView) -> SchedulerOutput:  # noqa: C901 - one algorithm
         cfg = self.config
         lim = view.limits
         kv = view.kv
-        bs = lim.block_size
         key = self._key(view)
-        rank_key = key or (lambda r: (r.arrival, 0.0, r.req_id))
-        groups = self._groups(view, key)
-
+        rank_key = key or _arrival_rank
         budget_c = lim.max_batch_tokens
         budget_p = lim.max_prefill_tokens
-        free_blocks = kv.num_free_blocks
-        cpu_free = getattr(getattr(kv, "cpu", None), "free_blocks", 0)
-        n_running = len(view.running)
+        bs = lim.block_size
+        blocks_needed = kv.blocks_needed
+        # Blocks still owed to running requests part-way through a (re)fill: vLLM allocates
+        # a prompt's blocks when it is admitted, so they are not free for anyone else.
+        promised: dict[int, int] = {}
+        for r in view.running:
+            n_out = r.num_output_tokens
+            rem = r.num_prompt_tokens + n_out - r.num_computed_tokens
+            if not (n_out and rem == 1):
+                promised[r.req_id] = blocks_needed(r.req_id, rem)
+        st = _State(
+            free_blocks=kv.num_free_blocks - sum(promised.values()),
+            cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
+            n_running=len(view.running),
+            promised=promised,
+        )
+        watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
         if cfg.eviction_free:
-            reserved = sum(max(self._reservation(r, view), kv.num_request_blocks(r.req_id)) for r in view.running)
-
+            reserved = sum(
+                max(self._reservation(r, view), kv.num_request_blocks(r.req_id)) for r in view.running
+            )
         batch: list[ScheduledRequest] = []
         in_batch: set[int] = set()
-        preempt: list[tuple[Request, PreemptionMode]] = []
-        gone: set[int] = set()
         swap_in: list[Request] = []
         batch_decode: bool | None = None
-        all_running_in_batch = True
-        evict_from = self._victim_order(view, rank_key) if cfg.evict else []
+        running_decodes = 0
+        victims = _Victims(self, view, rank_key) if cfg.evict else None
+        # One ranked group has no "next group": a candidate that cannot run is skipped.
+        skip_on_fail = cfg.groups == "single"
+        hybrid = cfg.hybrid
+        chunked = cfg.chunked_prefill
+        RUNNING = RequestStatus.RUNNING
+        SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
-        for group in groups:
+        for group, all_decode in self._groups(view, key):
+            if (
+                all_decode
+                and group
+                and (hybrid or batch_decode is not False)
+                and budget_c >= len(group)
+                and st.free_blocks >= len(group)
+                and not st.gone
+            ):
+                # Every candidate fits whatever its block needs (at most one each): take the
+                # whole group at once. Same result as the loop below, a fraction of the cost.
+                ids = [r.req_id for r in group]
+                st.free_blocks -= kv.decode_blocks_needed(ids)
+                budget_c -= len(group)
+                batch.extend([ScheduledRequest(r, 1) for r in group])
+                in_batch.update(ids)
+                running_decodes += len(group)
+                batch_decode = batch_decode if batch_decode is not None else True
+                continue
             for cand in group:
                 rid = cand.req_id
-                if rid in gone or rid in in_batch:
+                if rid in st.gone:
                     continue
-                st = cand.status
-                is_decode = cand.in_decode
-                if not cfg.hybrid and batch_decode is not None and batch_decode != is_decode:
-                    continue  # step 2: phase mismatch, skip
-                # step 3: CanAllocate (token budgets first; these never trigger eviction)
+                status = cand.status
+                n_out = cand.num_output_tokens
+                remaining = cand.num_prompt_tokens + n_out - cand.num_computed_tokens
+                is_decode = n_out > 0 and remaining == 1
+                if not hybrid and batch_decode is not None and batch_decode is not is_decode:
+                    continue  # step 2: phase mismatch
+                # step 3: CanAllocate. Token budgets and R_max never trigger eviction.
                 if is_decode:
                     n = 1
-                    if budget_c < 1:
-                        break
+                    ok = budget_c >= 1
                 else:
-                    n = cand.remaining_compute
-                    room = min(budget_c, budget_p)
-                    if cfg.chunked_prefill:
-                        n = min(n, room)
-                        if n < 1:
-                            break
-                    elif n > room:
-                        break
-                joining = st is not RequestStatus.RUNNING
-                if joining and n_running >= lim.max_running:
-                    break
-                if joining and cfg.eviction_free:
-                    res = self._reservation(cand, view)
-                    if reserved + res > kv.num_blocks:
-                        break
-                need = -(-(cand.num_computed_tokens + n) // bs) - kv.num_request_blocks(rid)
-                if st is RequestStatus.PREEMPTED_SWAPPED:
-                    need = -(-(cand.num_computed_tokens + n) // bs)
-                # step 4: evict while M is short and this group may evict
-                may_evict = cfg.evict and (not joining or cfg.evict_for_waiting)
-                while need > free_blocks and may_evict:
-                    victim = self._pick_victim(evict_from, cand, in_batch, gone, rank_key)
-                    if victim is None:
-                        break
-                    mode = cfg.preemption_mode
-                    vblocks = kv.num_request_blocks(victim.req_id)
-                    if mode is PreemptionMode.SWAP and vblocks > cpu_free:
-                        mode = PreemptionMode.RECOMPUTE
-                    if mode is PreemptionMode.SWAP:
-                        cpu_free -= vblocks
-                    preempt.append((victim, mode))
-                    gone.add(victim.req_id)
-                    free_blocks += vblocks
-                    n_running -= 1
-                    all_running_in_batch = False
-                if need > free_blocks:
-                    if st is RequestStatus.RUNNING and may_evict:
-                        mode = cfg.preemption_mode
-                        vblocks = kv.num_request_blocks(rid)
-                        if mode is PreemptionMode.SWAP and vblocks > cpu_free:
-                            mode = PreemptionMode.RECOMPUTE
-                        if mode is PreemptionMode.SWAP:
-                            cpu_free -= vblocks
-                        preempt.append((cand, mode))
-                        gone.add(rid)
-                        free_blocks += vblocks
-                        n_running -= 1
-                        all_running_in_batch = False
+                    room = budget_c if budget_c < budget_p else budget_p
+                    n = min(remaining, room) if chunked else remaining
+                    ok = 1 <= n <= room
+                joining = status is not RUNNING
+                if ok and joining:
+                    ok = st.n_running < lim.max_running
+                    if ok and cfg.eviction_free:
+                        ok = reserved + self._reservation(cand, view) <= kv.num_blocks
+                if not ok:
+                    if skip_on_fail:
                         continue
-                    break  # GotoNextGroup
-                # allocate
-                free_blocks -= need
+                    break
+                # M: a decode needs its next token's block; a prefill its whole remaining
+                # prompt (InferMax: "input size for prefill"), as vLLM allocates it at once.
+                if status is SWAPPED:
+                    need = -(-(cand.num_computed_tokens + remaining) // bs)
+                elif is_decode:
+                    need = blocks_needed(rid, 1)
+                else:
+                    need = st.promised.pop(rid, None) or blocks_needed(rid, remaining)
+                    if status is RUNNING:
+                        st.free_blocks += need  # it was counted as promised
+                margin = watermark if joining else 0
+                # step 4: evict lower-ranked running requests while M is short
+                if need + margin > st.free_blocks:
+                    may_evict = victims is not None and (not joining or cfg.evict_for_waiting)
+                    while need + margin > st.free_blocks and may_evict:
+                        assert victims is not None
+                        victim = victims.pick(cand, in_batch, st.gone)
+                        if victim is None:
+                            break
+                        self._evict(victim, kv, st)
+                    if need + margin > st.free_blocks:
+                        if status is RUNNING and may_evict:
+                            self._evict(cand, kv, st)
+                            continue
+                        if status is RUNNING and not is_decode:
+                            st.free_blocks -= need  # still promised to it
+                        if skip_on_fail:
+                            continue
+                        break  # GotoNextGroup
+                st.free_blocks -= need
                 budget_c -= n
                 if not is_decode:
                     budget_p -= n
                 if joining:
-                    n_running += 1
+                    st.n_running += 1
                     if cfg.eviction_free:
                         reserved += self._reservation(cand, view)
-                    if st is RequestStatus.PREEMPTED_SWAPPED:
+                    if status is SWAPPED:
                         swap_in.append(cand)
-                        cpu_free += kv.swap_in_blocks_needed(rid)
+                        st.cpu_free += kv.swap_in_blocks_needed(rid)
                 batch.append(ScheduledRequest(cand, n))
                 in_batch.add(rid)
+                if is_decode and not joining:
+                    running_decodes += 1
                 if batch_decode is None:
                     batch_decode = is_decode
 
-        if len(in_batch) < len(view.running) or any(not sr.request.in_decode for sr in batch):
-            all_running_in_batch = False
-        repeatable = bool(batch) and all_running_in_batch and not preempt and not swap_in and all(
-            sr.request.status is RequestStatus.RUNNING for sr in batch
-        )
-        return SchedulerOutput(tuple(batch), tuple(preempt), tuple(swap_in), repeatable)
+        # Repeatable: a pure-decode batch of every running request with nothing evicted;
+        # waiting requests that did not fit now cannot fit while KV use only grows.
+        repeatable = bool(batch) and not st.preempt and running_decodes == len(batch) == len(view.running)
+        return SchedulerOutput(tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable)
+
+    def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
+        mode = self.config.preemption_mode
+        blocks = kv.num_request_blocks(victim.req_id)
+        if mode is PreemptionMode.SWAP and blocks > st.cpu_free:
+            mode = PreemptionMode.RECOMPUTE  # the CPU tier is full
+        if mode is PreemptionMode.SWAP:
+            st.cpu_free -= blocks
+        st.preempt.append((victim, mode))
+        st.gone.add(victim.req_id)
+        st.free_blocks += blocks + st.promised.pop(victim.req_id, 0)
+        st.n_running -= 1
 
     # -------------------------------------------------------------- helpers
     def _reservation(self, r: Request, view: InstanceView) -> int:
@@ -260,25 +313,41 @@ class UnifiedScheduler(Scheduler):
         tokens = r.num_prompt_tokens + max(view.predictor.predict(r), r.num_output_tokens + 1) - 1
         return -(-tokens // view.limits.block_size)
 
-    @staticmethod
-    def _victim_order(view: InstanceView, rank_key: Callable[[Request], tuple[float, float, int]]) -> list[Request]:
-        """Running requests from the lowest rank up."""
-        return sorted(view.running, key=rank_key, reverse=True)
 
-    def _pick_victim(
-        self,
-        order: list[Request],
-        cand: Request,
-        in_batch: set[int],
-        gone: set[int],
-        rank_key: Callable[[Request], tuple[float, float, int]],
-    ) -> Request | None:
-        single = self.config.groups == "single"
-        cand_rank = rank_key(cand) if single else None
-        for v in order:
+
+def _arrival_rank(r: Request) -> tuple[float, float, int]:
+    return (r.arrival, 0.0, r.req_id)
+
+
+@dataclass
+class _State:
+    """What GetNextBatch has used up so far in this call."""
+
+    free_blocks: int
+    cpu_free: int
+    n_running: int
+    promised: dict[int, int] = field(default_factory=dict)
+    preempt: list[tuple[Request, PreemptionMode]] = field(default_factory=list)
+    gone: set[int] = field(default_factory=set)
+
+
+class _Victims:
+    """Running requests from the lowest rank up, sorted only if an eviction is needed."""
+
+    def __init__(self, sched: UnifiedScheduler, view: InstanceView, rank_key: Callable[[Request], tuple[float, float, int]]) -> None:
+        self.single = sched.config.groups == "single"
+        self.view = view
+        self.rank_key = rank_key
+        self._order: list[Request] | None = None
+
+    def pick(self, cand: Request, in_batch: set[int], gone: set[int]) -> Request | None:
+        if self._order is None:
+            self._order = sorted(self.view.running, key=self.rank_key, reverse=True)
+        cand_rank = self.rank_key(cand) if self.single else None
+        for v in self._order:
             if v.req_id in gone or v.req_id in in_batch or v is cand:
                 continue
-            if cand_rank is not None and rank_key(v) <= cand_rank:
+            if cand_rank is not None and self.rank_key(v) <= cand_rank:
                 return None  # everything left ranks above the candidate
             return v
         return None
