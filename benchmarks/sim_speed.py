@@ -38,7 +38,12 @@ def azure_requests(n: int, seed: int = 0, context: int = 4096) -> list[Request]:
     output = np.minimum(df["GeneratedTokens"].to_numpy()[idx].clip(1), context - prompt)
     arrivals = np.cumsum(rng.exponential(1.0, size=n))
     return [
-        Request(req_id=i, arrival=float(arrivals[i]), num_prompt_tokens=int(prompt[i]), true_output_len=int(output[i]))
+        Request(
+            req_id=i,
+            arrival=float(arrivals[i]),
+            num_prompt_tokens=int(prompt[i]),
+            true_output_len=int(output[i]),
+        )
         for i in range(n)
     ]
 
@@ -46,7 +51,9 @@ def azure_requests(n: int, seed: int = 0, context: int = 4096) -> list[Request]:
 def run(policy: str, reqs: list[Request]) -> dict[str, float]:
     cfg = SimConfig(
         workload=WorkloadSpec(),
-        instance=InstanceConfig(profile="llama-2-70b-a100x2", max_running=128, max_batch_tokens=4096),
+        instance=InstanceConfig(
+            profile="llama-2-70b-a100x2", max_running=128, max_batch_tokens=4096
+        ),
         policy=policy,
     )
     tracemalloc.start()
@@ -72,7 +79,9 @@ def run(policy: str, reqs: list[Request]) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=16384)
     ap.add_argument("--scales", default="1,2,4")
     ap.add_argument("--policies", default="vllm,sarathi")

@@ -27,29 +27,80 @@ console = Console()
 err_console = Console(stderr=True)
 
 # ----------------------------------------------------------------------------- options
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file with any of the settings below (flags override it).")]
-WorkloadOpt = Annotated[str | None, typer.Option("--workload", help="Named length mix: sharegpt, lmsys, be-synthetic.")]
-TraceOpt = Annotated[Path | None, typer.Option("--trace", help="Replay a CSV (arrival_s,prompt_tokens,output_tokens[,class,priority,ttft_slo_s,tpot_slo_s,deadline_s]) exactly.")]
-ArrivalOpt = Annotated[str | None, typer.Option("--arrival", help="Arrival process: poisson, gamma, bursty, constant.")]
+ConfigOpt = Annotated[
+    Path | None,
+    typer.Option("--config", help="YAML file with any of the settings below (flags override it)."),
+]
+WorkloadOpt = Annotated[
+    str | None, typer.Option("--workload", help="Named length mix: sharegpt, lmsys, be-synthetic.")
+]
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Replay a CSV exactly: arrival_s,prompt_tokens,output_tokens and optional "
+        "class,priority,model,ttft_slo_s,tpot_slo_s,deadline_s.",
+    ),
+]
+ArrivalOpt = Annotated[
+    str | None, typer.Option("--arrival", help="Arrival process: poisson, gamma, bursty, constant.")
+]
 RateOpt = Annotated[float | None, typer.Option("--rate", help="Mean arrival rate, requests/s.")]
-CvOpt = Annotated[float | None, typer.Option("--cv", help="Gamma arrivals: coefficient of variation of gaps.")]
-BurstIOpt = Annotated[float | None, typer.Option("--burst-intensity", help="Bursty arrivals: burst rate / mean rate.")]
-BurstFOpt = Annotated[float | None, typer.Option("--burst-fraction", help="Bursty arrivals: fraction of each period in burst.")]
-BurstPOpt = Annotated[float | None, typer.Option("--burst-period", help="Bursty arrivals: period in seconds.")]
+CvOpt = Annotated[
+    float | None, typer.Option("--cv", help="Gamma arrivals: coefficient of variation of gaps.")
+]
+BurstIOpt = Annotated[
+    float | None, typer.Option("--burst-intensity", help="Bursty arrivals: burst rate / mean rate.")
+]
+BurstFOpt = Annotated[
+    float | None,
+    typer.Option("--burst-fraction", help="Bursty arrivals: fraction of each period in burst."),
+]
+BurstPOpt = Annotated[
+    float | None, typer.Option("--burst-period", help="Bursty arrivals: period in seconds.")
+]
 DurationOpt = Annotated[float | None, typer.Option("--duration", help="Arrival window in seconds.")]
-NumReqOpt = Annotated[int | None, typer.Option("--num-requests", help="Cap on the number of requests.")]
+NumReqOpt = Annotated[
+    int | None, typer.Option("--num-requests", help="Cap on the number of requests.")
+]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed of the workload.")]
-ProfileOpt = Annotated[str | None, typer.Option("--profile", help="Replica profile (see `sloserve profiles`) or a profile YAML.")]
-MaxRunOpt = Annotated[int | None, typer.Option("--max-running", help="R_max: requests holding KV at once.")]
-MaxTokOpt = Annotated[int | None, typer.Option("--max-batch-tokens", help="C: tokens per iteration.")]
-ChunkOpt = Annotated[int | None, typer.Option("--chunk-size", help="P: prefill tokens per iteration (default: the policy's).")]
-BlockOpt = Annotated[int | None, typer.Option("--block-size", help="KV block size in tokens (1 = token-exact M).")]
-KvUtilOpt = Annotated[float | None, typer.Option("--kv-utilization", help="GPU memory fraction vLLM may use (0.9).")]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option("--profile", help="Replica profile (see `sloserve profiles`) or a profile YAML."),
+]
+MaxRunOpt = Annotated[
+    int | None, typer.Option("--max-running", help="R_max: requests holding KV at once.")
+]
+MaxTokOpt = Annotated[
+    int | None, typer.Option("--max-batch-tokens", help="C: tokens per iteration.")
+]
+ChunkOpt = Annotated[
+    int | None,
+    typer.Option("--chunk-size", help="P: prefill tokens per iteration (default: the policy's)."),
+]
+BlockOpt = Annotated[
+    int | None, typer.Option("--block-size", help="KV block size in tokens (1 = token-exact M).")
+]
+KvUtilOpt = Annotated[
+    float | None, typer.Option("--kv-utilization", help="GPU memory fraction vLLM may use (0.9).")
+]
 KvCapOpt = Annotated[int | None, typer.Option("--kv-capacity", help="Override M, in tokens.")]
-PredOpt = Annotated[str | None, typer.Option("--predictor", help="Output-length predictor: oracle, constant:N, max-tokens[:N].")]
-CostOpt = Annotated[str | None, typer.Option("--cost-model", help="constant:SECONDS instead of the profile's model.")]
-HorizonOpt = Annotated[float | None, typer.Option("--horizon", help="Abort requests still live at this time (s).")]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")]
+PredOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--predictor", help="Output-length predictor: oracle, constant:N, max-tokens[:N]."
+    ),
+]
+CostOpt = Annotated[
+    str | None,
+    typer.Option("--cost-model", help="constant:SECONDS instead of the profile's model."),
+]
+HorizonOpt = Annotated[
+    float | None, typer.Option("--horizon", help="Abort requests still live at this time (s).")
+]
+OutOpt = Annotated[
+    Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")
+]
 
 _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "workload": ("workload", "mix"),
@@ -76,7 +127,9 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _build_config(base: dict[str, Any], config: Path | None, flags: dict[str, Any]) -> tuple[Any, list[str] | None]:
+def _build_config(
+    base: dict[str, Any], config: Path | None, flags: dict[str, Any]
+) -> tuple[Any, list[str] | None]:
     """Merge built-in defaults, a YAML file and flags into a SimConfig (+ a policy list)."""
     from sloserve.experiments.runner import SimConfig
 
@@ -92,10 +145,14 @@ def _build_config(base: dict[str, Any], config: Path | None, flags: dict[str, An
         if name in _FLAG_PATHS:
             set_path(data, _FLAG_PATHS[name], str(value) if isinstance(value, Path) else value)
             source = f"{source} + command line" if "command line" not in source else source
-    arrival = data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
+    arrival = (
+        data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
+    )
     if isinstance(arrival, dict) and "kind" not in arrival:
         arrival["kind"] = "poisson"
-    if policies is not None and (not isinstance(policies, list) or not all(isinstance(p, str) for p in policies)):
+    if policies is not None and (
+        not isinstance(policies, list) or not all(isinstance(p, str) for p in policies)
+    ):
         raise SloserveError(f"{source}: 'policies' must be a list of policy names")
     return validate(SimConfig, data, source), policies
 
@@ -116,7 +173,9 @@ def _summary_table(results: dict[str, Any], title: str) -> Table:
 @app.command()
 def simulate(
     config: ConfigOpt = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="Scheduling policy (see `sloserve policies`).")] = None,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="Scheduling policy (see `sloserve policies`).")
+    ] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
     arrival: ArrivalOpt = None,
@@ -158,12 +217,25 @@ def simulate(
     if as_json:
         sys.stdout.write(json.dumps(_jsonable(result.summary), indent=2) + "\n")
         return
-    console.print(_summary_table({cfg.policy: result}, f"{len(result.requests)} requests, {result.summary['simulated_seconds']:.0f} s simulated"))
+    console.print(
+        _summary_table(
+            {cfg.policy: result},
+            f"{len(result.requests)} requests, "
+            f"{result.summary['simulated_seconds']:.0f} s simulated",
+        )
+    )
     if out is not None:
         console.print(f"report written to {out}")
 
 
-def _compare(base: dict[str, Any], config: Path | None, flags: dict[str, Any], policies: str | None, out: Path | None, as_json: bool) -> None:
+def _compare(
+    base: dict[str, Any],
+    config: Path | None,
+    flags: dict[str, Any],
+    policies: str | None,
+    out: Path | None,
+    as_json: bool,
+) -> None:
     from sloserve.experiments.report import _jsonable, write_report
     from sloserve.experiments.runner import compare as run_many
 
@@ -176,10 +248,14 @@ def _compare(base: dict[str, Any], config: Path | None, flags: dict[str, Any], p
     if out is not None:
         write_report(results, out)
     if as_json:
-        sys.stdout.write(json.dumps(_jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n")
+        sys.stdout.write(
+            json.dumps(_jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
+        )
         return
     first = next(iter(results.values()))
-    console.print(_summary_table(results, f"{len(first.requests)} requests, same arrivals for every policy"))
+    console.print(
+        _summary_table(results, f"{len(first.requests)} requests, same arrivals for every policy")
+    )
     if out is not None:
         console.print(f"report written to {out}")
 
@@ -195,7 +271,9 @@ class _null:
 @app.command()
 def compare(
     config: ConfigOpt = None,
-    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policies to compare.")] = None,
+    policies: Annotated[
+        str | None, typer.Option("--policies", help="Comma-separated policies to compare.")
+    ] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
     arrival: ArrivalOpt = None,
@@ -229,7 +307,13 @@ def compare(
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Report folder.")] = Path("runs/demo"),
     config: ConfigOpt = None,
-    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated policies (default: the InferMax family, EDF and ranking).")] = None,
+    policies: Annotated[
+        str | None,
+        typer.Option(
+            "--policies",
+            help="Comma-separated policies (default: the InferMax family, EDF and ranking).",
+        ),
+    ] = None,
     duration: DurationOpt = None,
     rate: RateOpt = None,
     seed: SeedOpt = None,
@@ -278,7 +362,12 @@ def main() -> None:
         err_console.print(f"sloserve: error: {e}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except ValidationError as e:
-        err_console.print(f"sloserve: error: {validation_message(e, 'input')}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"sloserve: error: {validation_message(e, 'input')}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         sys.exit(2)
 
 

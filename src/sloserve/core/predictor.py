@@ -91,7 +91,5 @@ def make_predictor(spec: str) -> OutputLengthPredictor:
     name, _, arg = spec.partition(":")
     factory = _PREDICTORS.get(name)
     if factory is None:
-        raise UnknownNameError(
-            f"unknown predictor {spec!r}; valid: {', '.join(predictor_names())}"
-        )
+        raise UnknownNameError(f"unknown predictor {spec!r}; valid: {', '.join(predictor_names())}")
     return factory(arg or None)

@@ -59,14 +59,18 @@ class CostModel(ABC):
         if tokens <= 0:
             return 0.0
         return self.batch_time(
-            BatchStats(num_prefill_tokens=tokens, num_prefill_seqs=1, prefill_attn_work=tokens * tokens)
+            BatchStats(
+                num_prefill_tokens=tokens, num_prefill_seqs=1, prefill_attn_work=tokens * tokens
+            )
         )
 
     def decode_time(self, batch_size: int, context_sum: int) -> float:
         """Seconds for one decode-only iteration of ``batch_size`` requests."""
         return self.batch_time(BatchStats(num_decode=batch_size, decode_context_sum=context_sum))
 
-    def decode_run_times(self, num_decode: int, context_sum: int, steps: int) -> NDArray[np.float64]:
+    def decode_run_times(
+        self, num_decode: int, context_sum: int, steps: int
+    ) -> NDArray[np.float64]:
         """Durations of ``steps`` consecutive decode-only iterations of the same requests.
 
         Each iteration reads one more KV token per request than the previous one, so the
@@ -97,5 +101,7 @@ class ConstantCostModel(CostModel):
     def swap_time(self, num_tokens: int) -> float:
         return num_tokens * self.swap_s_per_token
 
-    def decode_run_times(self, num_decode: int, context_sum: int, steps: int) -> NDArray[np.float64]:
+    def decode_run_times(
+        self, num_decode: int, context_sum: int, steps: int
+    ) -> NDArray[np.float64]:
         return np.full(steps, self.iteration_s if num_decode > 0 else 0.0)

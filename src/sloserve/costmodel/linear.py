@@ -78,7 +78,9 @@ class LinearCostModel(CostModel):
             )
         return t
 
-    def decode_run_times(self, num_decode: int, context_sum: int, steps: int) -> NDArray[np.float64]:
+    def decode_run_times(
+        self, num_decode: int, context_sum: int, steps: int
+    ) -> NDArray[np.float64]:
         if num_decode == 0:
             return np.zeros(steps)
         first = self.decode_time(num_decode, context_sum)

@@ -186,20 +186,26 @@ class Instance:
         preempted: set[int] = set()
         for r, _mode in out.preempt:
             if r.status is not RequestStatus.RUNNING or r.instance_id != me:
-                raise self._violation("preempt", f"request {r.req_id} is {r.status.name}, not RUNNING here")
+                raise self._violation(
+                    "preempt", f"request {r.req_id} is {r.status.name}, not RUNNING here"
+                )
             if r.req_id in preempted:
                 raise self._violation("preempt", f"request {r.req_id} preempted twice")
             preempted.add(r.req_id)
         swapping: set[int] = set()
         for r in out.swap_in:
             if r.status is not RequestStatus.PREEMPTED_SWAPPED or r.instance_id != me:
-                raise self._violation("swap_in", f"request {r.req_id} is {r.status.name}, not swapped here")
+                raise self._violation(
+                    "swap_in", f"request {r.req_id} is {r.status.name}, not swapped here"
+                )
             if r.req_id in swapping:
                 raise self._violation("swap_in", f"request {r.req_id} swapped in twice")
             swapping.add(r.req_id)
         return preempted, swapping
 
-    def _check_batch(self, out: SchedulerOutput, preempted: set[int], swapping: set[int]) -> tuple[int, int, int]:
+    def _check_batch(
+        self, out: SchedulerOutput, preempted: set[int], swapping: set[int]
+    ) -> tuple[int, int, int]:
         """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
 
         Runs before anything is mutated, so a violation leaves the instance untouched.
@@ -224,32 +230,40 @@ class Instance:
                 admitted += 1
             elif st is RequestStatus.PREEMPTED_SWAPPED:
                 if rid not in swapping:
-                    raise self._violation("batch", f"request {rid} is swapped out and not swapped in")
+                    raise self._violation(
+                        "batch", f"request {rid} is swapped out and not swapped in"
+                    )
             else:
                 raise self._violation("batch", f"request {rid} is {st.name}")
             n_out = r.num_output_tokens
             remaining = r.num_prompt_tokens + n_out - r.num_computed_tokens
             if n < 1 or n > remaining:
-                raise self._violation("batch", f"request {rid} given {n} tokens, must be 1..{remaining}")
+                raise self._violation(
+                    "batch", f"request {rid} given {n} tokens, must be 1..{remaining}"
+                )
             tokens += n
             if n_out == 0 or remaining > 1:
                 prefill += n
         if tokens > lim.max_batch_tokens:
-            raise self._violation("C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}")
+            raise self._violation(
+                "C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}"
+            )
         if prefill > lim.max_prefill_tokens:
             raise self._violation(
                 "P (max prefill tokens)", f"{prefill} prefill tokens > P={lim.max_prefill_tokens}"
             )
         running_after = len(self.running) - len(preempted) + len(swapping) + admitted
         if running_after > lim.max_running:
-            raise self._violation("R_max (max running)", f"{running_after} running > R_max={lim.max_running}")
+            raise self._violation(
+                "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
+            )
         return tokens, prefill, admitted
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         if out.repeatable and not out.preempt and not out.swap_in:
             return self._apply_decode_run(out.batch, now)
         preempted, swapping = self._check_evictions(out)
-        tokens, prefill, admitted = self._check_batch(out, preempted, swapping)
+        tokens, prefill, _admitted = self._check_batch(out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
         for r, mode in out.preempt:
@@ -271,7 +285,9 @@ class Instance:
         for r in out.swap_in:
             moved = kv.swap_in(r.req_id)
             if moved is None:
-                raise self._violation("M (KV capacity)", f"no room to swap request {r.req_id} back in")
+                raise self._violation(
+                    "M (KV capacity)", f"no room to swap request {r.req_id} back in"
+                )
             swap_tokens += moved
             r.swap_in(now)
             self.swapped.remove(r)
@@ -315,7 +331,15 @@ class Instance:
         ends = [now + dur]
         return self._record(batch, ends, tokens, now, fast=False)
 
-    def _record(self, batch: tuple[ScheduledRequest, ...], ends: list[float], tokens: int, now: float, *, fast: bool) -> _Pending:
+    def _record(
+        self,
+        batch: tuple[ScheduledRequest, ...],
+        ends: list[float],
+        tokens: int,
+        now: float,
+        *,
+        fast: bool,
+    ) -> _Pending:
         kv = self.kv
         tr = self.trace
         tr.time.append(now)
@@ -343,11 +367,16 @@ class Instance:
         for r, n in batch:
             n_out = r.num_output_tokens
             computed = r.num_computed_tokens
-            if r.status is not RUNNING or r.instance_id != me or n != 1 or not n_out or (
-                r.num_prompt_tokens + n_out - computed != 1
+            if (
+                r.status is not RUNNING
+                or r.instance_id != me
+                or n != 1
+                or not n_out
+                or (r.num_prompt_tokens + n_out - computed != 1)
             ):
                 raise self._violation(
-                    "repeatable", f"request {r.req_id} is not a running decode step of this instance"
+                    "repeatable",
+                    f"request {r.req_id} is not a running decode step of this instance",
                 )
             ids.append(r.req_id)
             ctx += computed
@@ -357,7 +386,9 @@ class Instance:
         if len(set(ids)) != len(ids):
             raise self._violation("batch", "a request appears twice")
         if len(ids) > self.limits.max_batch_tokens:
-            raise self._violation("C (max batch tokens)", f"{len(ids)} tokens > C={self.limits.max_batch_tokens}")
+            raise self._violation(
+                "C (max batch tokens)", f"{len(ids)} tokens > C={self.limits.max_batch_tokens}"
+            )
         cm = self.cost_model
         if not self.multi_step:
             k = 1

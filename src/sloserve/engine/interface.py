@@ -48,7 +48,13 @@ class Limits:
     block_size: int
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "max_prefill_tokens", "kv_capacity_tokens", "max_running", "block_size"):
+        for name in (
+            "max_batch_tokens",
+            "max_prefill_tokens",
+            "kv_capacity_tokens",
+            "max_running",
+            "block_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.max_prefill_tokens > self.max_batch_tokens:
@@ -158,7 +164,7 @@ class Scheduler(ABC):
         on arrival instead of waiting forever."""
         return limits.kv_capacity_tokens
 
-    def on_finish(self, req: Request, now: float) -> None:
+    def on_finish(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         """Called after a request of this instance finishes."""
 
     def describe(self) -> dict[str, object]:

@@ -303,8 +303,12 @@ class PagedKVManager(KVCacheManager):
                 raise KVInvariantError(
                     f"request {req_id}: {len(table)} blocks for {self._tokens[req_id]} tokens"
                 )
-        if len(seen) != self.num_blocks or (seen and (min(seen) < 0 or max(seen) >= self.num_blocks)):
+        if len(seen) != self.num_blocks or (
+            seen and (min(seen) < 0 or max(seen) >= self.num_blocks)
+        ):
             raise KVInvariantError(f"{len(seen)} blocks accounted for, expected {self.num_blocks}")
         cpu = sum(b for _t, b in self._swapped.values())
         if cpu != self.cpu.used_blocks or cpu > self.cpu.capacity_blocks:
-            raise KVInvariantError(f"CPU tier holds {cpu} blocks, counter says {self.cpu.used_blocks}")
+            raise KVInvariantError(
+                f"CPU tier holds {cpu} blocks, counter says {self.cpu.used_blocks}"
+            )

@@ -44,7 +44,10 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def summary_rows(results: Mapping[str, RunResult]) -> list[list[str]]:
-    return [[name, *(fmt(r.summary.get(k), f) for k, _h, f in SUMMARY_COLUMNS)] for name, r in results.items()]
+    return [
+        [name, *(fmt(r.summary.get(k), f) for k, _h, f in SUMMARY_COLUMNS)]
+        for name, r in results.items()
+    ]
 
 
 def _jsonable(x: Any) -> Any:

@@ -33,16 +33,24 @@ class InstanceConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    profile: str = Field(default="llama-2-7b-a100", description="built-in profile name or YAML path")
+    profile: str = Field(
+        default="llama-2-7b-a100", description="built-in profile name or YAML path"
+    )
     max_running: int = Field(default=256, ge=1, description="R_max: requests holding KV at once")
     max_batch_tokens: int = Field(default=4096, ge=1, description="C: tokens per iteration")
-    chunk_size: int | None = Field(default=None, ge=1, description="P: prefill tokens per iteration")
+    chunk_size: int | None = Field(
+        default=None, ge=1, description="P: prefill tokens per iteration"
+    )
     block_size: int = Field(default=16, ge=1, description="KV block size in tokens (1 = exact)")
-    kv_utilization: float = Field(default=0.9, gt=0, le=1, description="GPU memory fraction for vLLM")
+    kv_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="GPU memory fraction for vLLM"
+    )
     kv_capacity_tokens: int | None = Field(default=None, ge=1, description="M override, in tokens")
     cpu_swap_gib: float = Field(default=4.0, ge=0, description="host memory for swapped KV")
     predictor: str = Field(default="oracle", description="output-length predictor for policies")
-    cost_model: str | None = Field(default=None, description="'constant:SECONDS' instead of the profile")
+    cost_model: str | None = Field(
+        default=None, description="'constant:SECONDS' instead of the profile"
+    )
     multi_step: bool = Field(default=True, description="advance repeatable decode runs in one step")
 
 
@@ -55,7 +63,9 @@ class SimConfig(BaseModel):
     instance: InstanceConfig = Field(default_factory=InstanceConfig)
     policy: str = "vllm"
     policy_params: dict[str, Any] = Field(default_factory=dict)
-    horizon_s: float | None = Field(default=None, gt=0, description="abort what is left at this time")
+    horizon_s: float | None = Field(
+        default=None, gt=0, description="abort what is left at this time"
+    )
 
 
 @dataclass
@@ -78,8 +88,12 @@ def _cost_model(cfg: InstanceConfig, profile: ReplicaProfile) -> CostModel:
         try:
             return ConstantCostModel(float(arg))
         except ValueError as e:
-            raise ConfigError(f"cost_model {cfg.cost_model!r}: expected constant:SECONDS > 0") from e
-    raise ConfigError(f"unknown cost_model {cfg.cost_model!r}; valid: constant:SECONDS (or unset for the profile)")
+            raise ConfigError(
+                f"cost_model {cfg.cost_model!r}: expected constant:SECONDS > 0"
+            ) from e
+    raise ConfigError(
+        f"unknown cost_model {cfg.cost_model!r}; valid: constant:SECONDS (or unset for the profile)"
+    )
 
 
 def fresh(requests: Sequence[Request]) -> list[Request]:
@@ -165,7 +179,9 @@ def simulate(
     sim_s = env.now
     iter_end = np.asarray(inst.iter_end, dtype=np.float64)
     table = request_table(reqs, {inst.instance_id: iter_end})
-    trace = pd.DataFrame({f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)})
+    trace = pd.DataFrame(
+        {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
+    )
     if len(trace):
         trace["kv_usage"] = trace["kv_used_blocks"] / inst.kv.num_blocks
     wall = time.perf_counter() - t0

@@ -24,7 +24,10 @@ from numpy.typing import NDArray
 
 
 def consumption_times(
-    arrival: float, token_times: Sequence[float] | NDArray[np.float64], ttft_target: float, tokens_per_s: float
+    arrival: float,
+    token_times: Sequence[float] | NDArray[np.float64],
+    ttft_target: float,
+    tokens_per_s: float,
 ) -> NDArray[np.float64]:
     """When the user actually reads each delivered token (the pacer-limited timeline)."""
     d = np.asarray(token_times, dtype=np.float64)

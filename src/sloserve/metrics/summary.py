@@ -39,7 +39,9 @@ def token_times(req: Request, iter_end: NDArray[np.float64]) -> NDArray[np.float
     return np.concatenate([iter_end[runs[i] : runs[i + 1] + 1] for i in range(0, len(runs), 2)])
 
 
-def request_table(requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]) -> pd.DataFrame:
+def request_table(
+    requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
+) -> pd.DataFrame:
     """One row per request with its timeline metrics and SLO outcomes."""
     nan = float("nan")
     rows: list[dict[str, Any]] = []
@@ -79,7 +81,9 @@ def request_table(requests: Sequence[Request], iter_ends: Mapping[int, NDArray[n
                 "prompt_tokens": r.num_prompt_tokens,
                 "output_tokens": r.true_output_len,
                 "generated_tokens": r.num_output_tokens,
-                "queue_s": (r.first_scheduled - r.arrival) if r.first_scheduled is not None else nan,
+                "queue_s": (r.first_scheduled - r.arrival)
+                if r.first_scheduled is not None
+                else nan,
                 "ttft_s": ttft,
                 "tpot_s": tpot,
                 "atgt_s": tpot,
@@ -164,7 +168,9 @@ def summarize(
         str(c): _rate(g["slo_ok"]) for c, g in table.groupby("class", sort=True)
     }
     span = simulated_seconds if simulated_seconds > 0 else float("nan")
-    out["throughput_tokens_per_s"] = float(done["generated_tokens"].sum() / span) if span == span else None
+    out["throughput_tokens_per_s"] = (
+        float(done["generated_tokens"].sum() / span) if span == span else None
+    )
     out["throughput_requests_per_s"] = float(len(done) / span) if span == span else None
     good = table[(table["status"] == "finished") & (table["slo_ok"].fillna(1.0) == 1.0)]
     out["goodput_requests_per_s"] = float(len(good) / span) if span == span else None

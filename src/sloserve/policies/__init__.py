@@ -3,4 +3,11 @@
 from sloserve.policies.registry import make_policy, policy_names, policy_summaries, register
 from sloserve.policies.unified import UnifiedConfig, UnifiedScheduler
 
-__all__ = ["UnifiedConfig", "UnifiedScheduler", "make_policy", "policy_names", "policy_summaries", "register"]
+__all__ = [
+    "UnifiedConfig",
+    "UnifiedScheduler",
+    "make_policy",
+    "policy_names",
+    "policy_summaries",
+    "register",
+]

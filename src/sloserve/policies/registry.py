@@ -49,7 +49,8 @@ def _unified(name: str, base: UnifiedConfig) -> PolicyFactory:
         unknown = sorted(set(params) - fields)
         if unknown:
             raise ConfigError(
-                f"policy {name!r}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}"
+                f"policy {name!r}: unknown parameter(s) {', '.join(unknown)}; "
+                f"valid: {', '.join(sorted(fields))}"
             )
         p = dict(params)
         if "preemption_mode" in p:
@@ -57,7 +58,8 @@ def _unified(name: str, base: UnifiedConfig) -> PolicyFactory:
                 p["preemption_mode"] = PreemptionMode(p["preemption_mode"])
             except ValueError as e:
                 raise ConfigError(
-                    f"policy {name!r}: preemption_mode must be recompute or swap, got {p['preemption_mode']!r}"
+                    f"policy {name!r}: preemption_mode must be recompute or swap, "
+                    f"got {p['preemption_mode']!r}"
                 ) from e
         try:
             cfg = dataclasses.replace(base, **p)
@@ -70,15 +72,30 @@ def _unified(name: str, base: UnifiedConfig) -> PolicyFactory:
 
 # InferMax Table 1, P column: vLLM-style presets use P = C (None).
 _PRESETS: dict[str, tuple[UnifiedConfig, str]] = {
-    "vllm": (UnifiedConfig("prefill-first", hybrid=False, chunked_prefill=False), "vLLM: prefill priority, no hybrid, no chunking"),
+    "vllm": (
+        UnifiedConfig("prefill-first", hybrid=False, chunked_prefill=False),
+        "vLLM: prefill priority, no hybrid, no chunking",
+    ),
     "sarathi": (
         UnifiedConfig("decode-first", hybrid=True, chunked_prefill=True, prefill_tokens=512),
         "Sarathi-Serve: decode priority, hybrid batches, chunked prefill P=512",
     ),
-    "sarathi-p=c": (UnifiedConfig("decode-first", hybrid=True, chunked_prefill=True), "Sarathi with P = C"),
-    "sarathi-nocp": (UnifiedConfig("decode-first", hybrid=True, chunked_prefill=False), "Sarathi without chunked prefill"),
-    "vllm-hy": (UnifiedConfig("prefill-first", hybrid=True, chunked_prefill=False), "vLLM with hybrid batching"),
-    "sarathi-nohy": (UnifiedConfig("decode-first", hybrid=False, chunked_prefill=False), "Sarathi without hybrid batching or chunking"),
+    "sarathi-p=c": (
+        UnifiedConfig("decode-first", hybrid=True, chunked_prefill=True),
+        "Sarathi with P = C",
+    ),
+    "sarathi-nocp": (
+        UnifiedConfig("decode-first", hybrid=True, chunked_prefill=False),
+        "Sarathi without chunked prefill",
+    ),
+    "vllm-hy": (
+        UnifiedConfig("prefill-first", hybrid=True, chunked_prefill=False),
+        "vLLM with hybrid batching",
+    ),
+    "sarathi-nohy": (
+        UnifiedConfig("decode-first", hybrid=False, chunked_prefill=False),
+        "Sarathi without hybrid batching or chunking",
+    ),
 }
 
 for _name, (_cfg, _summary) in _PRESETS.items():
@@ -91,16 +108,46 @@ for _name, (_cfg, _summary) in _PRESETS.items():
 
 register(
     "edf",
-    _unified("edf", UnifiedConfig("single", hybrid=True, chunked_prefill=True, prefill_tokens=512, order="edf", evict_for_waiting=True)),
+    _unified(
+        "edf",
+        UnifiedConfig(
+            "single",
+            hybrid=True,
+            chunked_prefill=True,
+            prefill_tokens=512,
+            order="edf",
+            evict_for_waiting=True,
+        ),
+    ),
     "earliest deadline first over all requests (Sarathi batching, preemptive)",
 )
 register(
     "rank-input",
-    _unified("rank-input", UnifiedConfig("single", hybrid=True, chunked_prefill=True, prefill_tokens=512, order="input", evict_for_waiting=True)),
+    _unified(
+        "rank-input",
+        UnifiedConfig(
+            "single",
+            hybrid=True,
+            chunked_prefill=True,
+            prefill_tokens=512,
+            order="input",
+            evict_for_waiting=True,
+        ),
+    ),
     "InferMax A.3: shortest input first (Sarathi batching, preemptive)",
 )
 register(
     "rank-output",
-    _unified("rank-output", UnifiedConfig("single", hybrid=True, chunked_prefill=True, prefill_tokens=512, order="output", evict_for_waiting=True)),
+    _unified(
+        "rank-output",
+        UnifiedConfig(
+            "single",
+            hybrid=True,
+            chunked_prefill=True,
+            prefill_tokens=512,
+            order="output",
+            evict_for_waiting=True,
+        ),
+    ),
     "InferMax A.3: shortest predicted output first (Sarathi batching, preemptive)",
 )

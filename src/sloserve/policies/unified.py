@@ -101,7 +101,12 @@ class UnifiedScheduler(Scheduler):
 
     def describe(self) -> dict[str, object]:
         d: dict[str, object] = {"name": self.name}
-        d.update({k: (v.value if isinstance(v, PreemptionMode) else v) for k, v in asdict(self.config).items()})
+        d.update(
+            {
+                k: (v.value if isinstance(v, PreemptionMode) else v)
+                for k, v in asdict(self.config).items()
+            }
+        )
         return d
 
     def max_sequence_tokens(self, limits: Limits) -> int:
@@ -151,10 +156,15 @@ class UnifiedScheduler(Scheduler):
                 prefills.append(r)
         if mode == "prefill-first":
             return [(srt(view.swapped), False), (srt(view.waiting), False), (running, not prefills)]
-        return [(decodes, True), (prefills, False), (srt(view.swapped), False), (srt(view.waiting), False)]
+        return [
+            (decodes, True),
+            (prefills, False),
+            (srt(view.swapped), False),
+            (srt(view.waiting), False),
+        ]
 
     # -------------------------------------------------------------- GetNextBatch
-    def schedule(self, view: InstanceView) -> SchedulerOutput:  # noqa: C901 - one algorithm
+    def schedule(self, view: InstanceView) -> SchedulerOutput:
         cfg = self.config
         lim = view.limits
         kv = view.kv
@@ -182,7 +192,8 @@ class UnifiedScheduler(Scheduler):
         reserved = 0
         if cfg.eviction_free:
             reserved = sum(
-                max(self._reservation(r, view), kv.num_request_blocks(r.req_id)) for r in view.running
+                max(self._reservation(r, view), kv.num_request_blocks(r.req_id))
+                for r in view.running
             )
         batch: list[ScheduledRequest] = []
         in_batch: set[int] = set()
@@ -250,7 +261,7 @@ class UnifiedScheduler(Scheduler):
                 elif is_decode:
                     need = blocks_needed(rid, 1)
                 else:
-                    need = st.promised.pop(rid, None) or blocks_needed(rid, remaining)
+                    need = st.promised.pop(rid, 0) or blocks_needed(rid, remaining)
                     if status is RUNNING:
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
@@ -292,7 +303,9 @@ class UnifiedScheduler(Scheduler):
 
         # Repeatable: a pure-decode batch of every running request with nothing evicted;
         # waiting requests that did not fit now cannot fit while KV use only grows.
-        repeatable = bool(batch) and not st.preempt and running_decodes == len(batch) == len(view.running)
+        repeatable = (
+            bool(batch) and not st.preempt and running_decodes == len(batch) == len(view.running)
+        )
         return SchedulerOutput(tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable)
 
     def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
@@ -314,7 +327,6 @@ class UnifiedScheduler(Scheduler):
         return -(-tokens // view.limits.block_size)
 
 
-
 def _arrival_rank(r: Request) -> tuple[float, float, int]:
     return (r.arrival, 0.0, r.req_id)
 
@@ -334,7 +346,12 @@ class _State:
 class _Victims:
     """Running requests from the lowest rank up, sorted only if an eviction is needed."""
 
-    def __init__(self, sched: UnifiedScheduler, view: InstanceView, rank_key: Callable[[Request], tuple[float, float, int]]) -> None:
+    def __init__(
+        self,
+        sched: UnifiedScheduler,
+        view: InstanceView,
+        rank_key: Callable[[Request], tuple[float, float, int]],
+    ) -> None:
         self.single = sched.config.groups == "single"
         self.view = view
         self.rank_key = rank_key

@@ -20,7 +20,9 @@ class _Arrivals(BaseModel):
     def _gaps(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
         raise NotImplementedError
 
-    def times(self, rng: np.random.Generator, duration: float | None, count: int | None) -> NDArray[np.float64]:
+    def times(
+        self, rng: np.random.Generator, duration: float | None, count: int | None
+    ) -> NDArray[np.float64]:
         """Arrivals in [0, duration), at most ``count`` of them (at least one bound is set)."""
         rate: float = getattr(self, "rate")  # noqa: B009 - every subclass has a rate
         want = count if count is not None else max(16, int(rate * (duration or 0) * 1.2) + 16)
@@ -66,7 +68,9 @@ class ConstantArrivals(_Arrivals):
     def _gaps(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
         return np.full(n, 1.0 / self.rate)
 
-    def times(self, rng: np.random.Generator, duration: float | None, count: int | None) -> NDArray[np.float64]:
+    def times(
+        self, rng: np.random.Generator, duration: float | None, count: int | None
+    ) -> NDArray[np.float64]:
         n = count if count is not None else math.ceil((duration or 0) * self.rate)
         out = np.arange(n, dtype=np.float64) / self.rate
         return out[out < duration] if duration is not None else out
@@ -97,13 +101,18 @@ class BurstyArrivals(_Arrivals):
         f = self.burst_fraction
         return self.rate * (1 - f * self.intensity) / (1 - f)
 
-    def times(self, rng: np.random.Generator, duration: float | None, count: int | None) -> NDArray[np.float64]:
+    def times(
+        self, rng: np.random.Generator, duration: float | None, count: int | None
+    ) -> NDArray[np.float64]:
         out: list[NDArray[np.float64]] = []
         total = 0
         start = 0.0
         burst_len = self.burst_fraction * self.period_s
         while True:
-            for length, rate in ((burst_len, self.rate * self.intensity), (self.period_s - burst_len, self.calm_rate)):
+            for length, rate in (
+                (burst_len, self.rate * self.intensity),
+                (self.period_s - burst_len, self.calm_rate),
+            ):
                 end = start + length
                 if duration is not None and start >= duration:
                     break
@@ -113,7 +122,9 @@ class BurstyArrivals(_Arrivals):
                     out.append(t)
                     total += n
                 start = end
-            if (duration is not None and start >= duration) or (count is not None and total >= count):
+            if (duration is not None and start >= duration) or (
+                count is not None and total >= count
+            ):
                 break
         arr = np.concatenate(out) if out else np.empty(0)
         if duration is not None:

@@ -69,4 +69,6 @@ def get_mix(name: str) -> Mix:
     try:
         return MIXES[name]
     except KeyError:
-        raise UnknownNameError(f"unknown workload {name!r}; valid: {', '.join(mix_names())}") from None
+        raise UnknownNameError(
+            f"unknown workload {name!r}; valid: {', '.join(mix_names())}"
+        ) from None

@@ -48,7 +48,11 @@ class QoERule(BaseModel):
     tokens_per_s: float = Field(default=4.8, gt=0)
 
     def spec(self, prompt_tokens: int) -> QoESpec:
-        ttft = self.ttft_s if self.ttft_s is not None else max(prompt_tokens / self.prefill_tokens_per_s, self.min_ttft_s)
+        ttft = (
+            self.ttft_s
+            if self.ttft_s is not None
+            else max(prompt_tokens / self.prefill_tokens_per_s, self.min_ttft_s)
+        )
         return QoESpec(ttft, self.tokens_per_s)
 
 
@@ -66,12 +70,21 @@ class WorkloadSpec(BaseModel):
     trace: str | None = Field(default=None, description="CSV to replay exactly as given")
     arrival: ArrivalProcess = Field(default_factory=lambda: PoissonArrivals(rate=4.0))
     duration_s: float | None = Field(default=600.0, gt=0, description="arrival window")
-    num_requests: int | None = Field(default=None, ge=1, description="cap on the number of requests")
-    prompt: LengthDist | None = Field(default=None, description="overrides the mix's prompt lengths")
-    output: LengthDist | None = Field(default=None, description="overrides the mix's output lengths")
-    max_context: int | None = Field(default=None, ge=2, description="clip sampled prompt+output to this")
+    num_requests: int | None = Field(
+        default=None, ge=1, description="cap on the number of requests"
+    )
+    prompt: LengthDist | None = Field(
+        default=None, description="overrides the mix's prompt lengths"
+    )
+    output: LengthDist | None = Field(
+        default=None, description="overrides the mix's output lengths"
+    )
+    max_context: int | None = Field(
+        default=None, ge=2, description="clip sampled prompt+output to this"
+    )
     classes: dict[RequestClass, float] | None = Field(
-        default=None, description="class fractions, e.g. {rt: 0.8, be: 0.2}; default: the mix's class"
+        default=None,
+        description="class fractions, e.g. {rt: 0.8, be: 0.2}; default: the mix's class",
     )
     slo: dict[RequestClass, ClassRule] = Field(default_factory=_default_rules)
     qoe: QoERule = Field(default_factory=QoERule)
@@ -83,9 +96,9 @@ class WorkloadSpec(BaseModel):
             get_mix(self.mix)
             if self.duration_s is None and self.num_requests is None:
                 raise ValueError("set duration_s or num_requests (or both)")
-        if self.classes is not None:
-            if any(v < 0 for v in self.classes.values()) or sum(self.classes.values()) <= 0:
-                raise ValueError("class fractions must be >= 0 and not all 0")
+        fractions = list((self.classes or {}).values())
+        if self.classes is not None and (any(v < 0 for v in fractions) or sum(fractions) <= 0):
+            raise ValueError("class fractions must be >= 0 and not all 0")
         return self
 
     def rule(self, cls: RequestClass) -> ClassRule:

@@ -46,7 +46,9 @@ def _numeric(df: pd.DataFrame, col: str, path: Path) -> NDArray[np.float64]:
         bad |= raw.isna()
     if bad.any():
         i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise WorkloadError(f"{path}: line {_line(i)}, column {col}: not a number ({raw.iloc[i]!r})")
+        raise WorkloadError(
+            f"{path}: line {_line(i)}, column {col}: not a number ({raw.iloc[i]!r})"
+        )
     return num.to_numpy(dtype=np.float64)
 
 
@@ -61,7 +63,9 @@ def read_trace(path: str | Path) -> TraceColumns:
     df.columns = [c.strip() for c in df.columns]
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise WorkloadError(f"{p}: missing column(s) {', '.join(missing)}; have {', '.join(df.columns)}")
+        raise WorkloadError(
+            f"{p}: missing column(s) {', '.join(missing)}; have {', '.join(df.columns)}"
+        )
     if len(df) == 0:
         raise WorkloadError(f"{p}: the trace has no rows")
     arrival = _numeric(df, "arrival_s", p)
@@ -72,7 +76,8 @@ def read_trace(path: str | Path) -> TraceColumns:
     if dec.size:
         i = int(dec[0]) + 1
         raise WorkloadError(
-            f"{p}: line {_line(i)}, column arrival_s: not sorted ({arrival[i]} after {arrival[i - 1]})"
+            f"{p}: line {_line(i)}, column arrival_s: not sorted "
+            f"({arrival[i]} after {arrival[i - 1]})"
         )
     ints: dict[str, NDArray[np.int64]] = {}
     for col in ("prompt_tokens", "output_tokens"):
@@ -80,7 +85,9 @@ def read_trace(path: str | Path) -> TraceColumns:
         bad = (v < 1) | (v != np.floor(v))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise WorkloadError(f"{p}: line {_line(i)}, column {col}: must be an integer >= 1 ({v[i]})")
+            raise WorkloadError(
+                f"{p}: line {_line(i)}, column {col}: must be an integer >= 1 ({v[i]})"
+            )
         ints[col] = v.astype(np.int64)
     req_class = None
     if "class" in df.columns:
@@ -88,7 +95,9 @@ def read_trace(path: str | Path) -> TraceColumns:
         bad_cls = ~cls.isin(["rt", "be"])
         if bad_cls.any():
             i = int(np.flatnonzero(bad_cls.to_numpy())[0])
-            raise WorkloadError(f"{p}: line {_line(i)}, column class: must be rt or be ({cls.iloc[i]!r})")
+            raise WorkloadError(
+                f"{p}: line {_line(i)}, column class: must be rt or be ({cls.iloc[i]!r})"
+            )
         req_class = cls.tolist()
     priority = None
     if "priority" in df.columns:
@@ -96,7 +105,9 @@ def read_trace(path: str | Path) -> TraceColumns:
         pr = np.nan_to_num(pr, nan=0.0)
         if (pr != np.floor(pr)).any():
             i = int(np.flatnonzero(pr != np.floor(pr))[0])
-            raise WorkloadError(f"{p}: line {_line(i)}, column priority: must be an integer ({pr[i]})")
+            raise WorkloadError(
+                f"{p}: line {_line(i)}, column priority: must be an integer ({pr[i]})"
+            )
         priority = pr.astype(np.int64)
     model = df["model"].fillna("default").tolist() if "model" in df.columns else None
     slo: dict[str, NDArray[np.float64]] = {}
@@ -108,4 +119,6 @@ def read_trace(path: str | Path) -> TraceColumns:
                 i = int(np.flatnonzero(bad)[0])
                 raise WorkloadError(f"{p}: line {_line(i)}, column {col}: must be > 0 ({v[i]})")
             slo[col] = v
-    return TraceColumns(arrival, ints["prompt_tokens"], ints["output_tokens"], req_class, priority, model, slo)
+    return TraceColumns(
+        arrival, ints["prompt_tokens"], ints["output_tokens"], req_class, priority, model, slo
+    )
