@@ -110,10 +110,13 @@ class UnifiedScheduler(Scheduler):
         return d
 
     def max_sequence_tokens(self, limits: Limits) -> int:
+        # vLLM never admits a prompt that would eat into the watermark.
+        watermark = int(self.config.watermark * (limits.kv_capacity_tokens // limits.block_size))
+        fits = limits.kv_capacity_tokens - watermark * limits.block_size
         if self.config.chunked_prefill:
-            return limits.kv_capacity_tokens
+            return fits
         # Without chunking a (re)fill must fit one batch, as vLLM's max_model_len <= C.
-        return min(limits.max_prefill_tokens, limits.max_batch_tokens, limits.kv_capacity_tokens)
+        return min(limits.max_prefill_tokens, limits.max_batch_tokens, fits)
 
     # -------------------------------------------------------------- ordering
     def _key(self, view: InstanceView) -> Callable[[Request], tuple[float, float, int]] | None:

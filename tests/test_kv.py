@@ -1,0 +1,66 @@
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sloserve.engine.kv import PagedKVManager
+
+
+def test_allocate_rounds_up_to_blocks_and_is_atomic() -> None:
+    kv = PagedKVManager(num_blocks=4, block_size=4)
+    assert kv.allocate(1, 5) is not None
+    assert kv.num_request_blocks(1) == 2 and kv.num_tokens(1) == 5
+    assert kv.blocks_needed(1, 3) == 0 and kv.blocks_needed(1, 4) == 1
+    assert kv.allocate(2, 9) is None  # needs 3, only 2 free: nothing changes
+    assert kv.num_free_blocks == 2 and kv.num_tokens(2) == 0
+    assert kv.free(1) == 2 and kv.num_free_blocks == 4
+    kv.check_invariants()
+
+
+def test_swap_moves_blocks_to_cpu_and_back() -> None:
+    kv = PagedKVManager(num_blocks=4, block_size=2, cpu_blocks=2)
+    kv.allocate(1, 3)
+    assert kv.can_swap_out(1)
+    assert kv.swap_out(1) == 3
+    assert kv.num_free_blocks == 4 and kv.cpu.used_blocks == 2
+    kv.allocate(2, 7)  # the GPU fills up
+    assert kv.swap_in(1) is None
+    kv.free(2)
+    assert kv.swap_in(1) == 3 and kv.num_tokens(1) == 3 and kv.cpu.used_blocks == 0
+    kv.check_invariants()
+
+
+def test_bulk_growth_helpers_agree_with_single_allocations() -> None:
+    kv = PagedKVManager(num_blocks=10, block_size=4)
+    for r, n in ((1, 4), (2, 5), (3, 7)):
+        kv.allocate(r, n)
+    assert kv.decode_blocks_needed([1, 2, 3]) == 1  # only request 1's last block is full
+    assert kv.max_uniform_growth([1, 2, 3], 100) == 7  # 2 + 1 + 2 new blocks
+    assert kv.grow_many([1, 2, 3], 7)
+    assert kv.num_free_blocks == 0 and not kv.grow_many([1], 2)  # 11 tokens + 2 > 3 blocks
+    kv.check_invariants()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    block_size=st.integers(1, 8),
+    ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "swap_out", "swap_in", "grow"]), st.integers(0, 5), st.integers(1, 20)), max_size=60),
+)
+def test_blocks_are_conserved_under_any_operation_sequence(block_size: int, ops: list[tuple[str, int, int]]) -> None:
+    kv = PagedKVManager(num_blocks=16, block_size=block_size, cpu_blocks=8)
+    swapped: set[int] = set()
+    for op, rid, n in ops:
+        if op == "alloc" and rid not in swapped:
+            kv.allocate(rid, n)
+        elif op == "free" and rid not in swapped:
+            kv.free(rid)
+        elif op == "swap_out" and rid not in swapped and kv.num_tokens(rid) and kv.can_swap_out(rid):
+            kv.swap_out(rid)
+            swapped.add(rid)
+        elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:
+            swapped.discard(rid)
+        elif op == "grow":
+            live = [r for r in range(6) if kv.num_tokens(r) and r not in swapped]
+            k = kv.max_uniform_growth(live, n)
+            assert kv.grow_many(live, k)
+        kv.check_invariants()
+        used = sum(kv.num_request_blocks(r) for r in range(6))
+        assert used + kv.num_free_blocks == 16
