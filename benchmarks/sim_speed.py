@@ -5,8 +5,10 @@ Azure LLM inference conversation trace (2023; Microsoft, CC-BY 4.0, read from
 ../shared/traces/azure_llm_2023_conv.csv, never copied here), Poisson arrivals at 1 req/s,
 one Llama-2-70B replica on 2×A100 (TP2), batch cap R_max=128, C=4096 tokens per batch.
 Prompt+output are clipped to the model's 4,096-token context (Llama-2). Reports wall
-seconds, simulated batches/s, token-steps/s and peak memory for 1×, 2× and 4× 16,384
-requests, for the vllm and sarathi policies.
+seconds (simulation plus metrics, excluding building the request list), simulated
+batches/s, token-steps/s (prompt + generated tokens processed per wall second) and peak
+resident memory for 1×, 2× and 4× 16,384 requests, for the vllm and sarathi policies.
+Each run is a fresh subprocess so that peak memory is its own.
 
     python benchmarks/sim_speed.py [--requests 16384] [--scales 1,2,4] [--json out.json]
 """
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
+import subprocess
 import sys
 import time
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -56,12 +59,10 @@ def run(policy: str, reqs: list[Request]) -> dict[str, float]:
         ),
         policy=policy,
     )
-    tracemalloc.start()
     t0 = time.perf_counter()
     res = simulate(cfg, reqs)
     wall = time.perf_counter() - t0
-    _cur, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     batches = res.summary["iterations"]
     token_steps = int(res.table["generated_tokens"].sum() + res.table["prompt_tokens"].sum())
     return {
@@ -86,15 +87,25 @@ def main() -> int:
     ap.add_argument("--scales", default="1,2,4")
     ap.add_argument("--policies", default="vllm,sarathi")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--one", nargs=2, metavar=("POLICY", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not TRACE.exists():
         print(f"missing {TRACE}", file=sys.stderr)
         return 2
+    if args.one:
+        print(json.dumps(run(args.one[0], azure_requests(int(args.one[1])))))
+        return 0
     rows = []
     for scale in (int(s) for s in args.scales.split(",")):
-        reqs = azure_requests(args.requests * scale)
         for policy in args.policies.split(","):
-            row = run(policy, reqs)
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", policy, str(args.requests * scale)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            row = json.loads(out)
+            row["scale"] = scale
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:

@@ -60,4 +60,6 @@ def times(inst: Instance, r: Request) -> np.ndarray:
 
 
 def req(i: int, arrival: float, prompt: int, output: int, **kw: Any) -> Request:
-    return Request(req_id=i, arrival=arrival, num_prompt_tokens=prompt, true_output_len=output, **kw)
+    return Request(
+        req_id=i, arrival=arrival, num_prompt_tokens=prompt, true_output_len=output, **kw
+    )

@@ -58,7 +58,9 @@ def test_recompute_preemption_and_refill_cost() -> None:
 
 def test_swap_out_and_in_with_transfer_time() -> None:
     cost = ConstantCostModel(0.01, swap_s_per_token=0.001)
-    inst = make_instance("vllm", cost=cost, M=14, block_size=1, cpu_blocks=14, params={"preemption_mode": "swap"})
+    inst = make_instance(
+        "vllm", cost=cost, M=14, block_size=1, cpu_blocks=14, params={"preemption_mode": "swap"}
+    )
     a, b = req(0, 0.0, 5, 6), req(1, 0.0, 5, 6)
     run(inst, [a, b])
     # t=0.03: b's 7 KV tokens go to the CPU (7 ms on top of the 10 ms iteration);
@@ -121,7 +123,9 @@ def test_edf_serves_earliest_deadline_first() -> None:
 
     def pair() -> tuple:
         # same arrival time; FCFS would take the lax one (lower id) first
-        return req(0, 0.0, 5, 20, slo=SLO(deadline_s=100.0)), req(1, 0.0, 5, 5, slo=SLO(deadline_s=1.0))
+        return req(0, 0.0, 5, 20, slo=SLO(deadline_s=100.0)), req(
+            1, 0.0, 5, 5, slo=SLO(deadline_s=1.0)
+        )
 
     lax, urgent = pair()
     run(make_instance("edf", R_max=1), [lax, urgent])

@@ -42,9 +42,18 @@ def test_bulk_growth_helpers_agree_with_single_allocations() -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     block_size=st.integers(1, 8),
-    ops=st.lists(st.tuples(st.sampled_from(["alloc", "free", "swap_out", "swap_in", "grow"]), st.integers(0, 5), st.integers(1, 20)), max_size=60),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["alloc", "free", "swap_out", "swap_in", "grow"]),
+            st.integers(0, 5),
+            st.integers(1, 20),
+        ),
+        max_size=60,
+    ),
 )
-def test_blocks_are_conserved_under_any_operation_sequence(block_size: int, ops: list[tuple[str, int, int]]) -> None:
+def test_blocks_are_conserved_under_any_operation_sequence(
+    block_size: int, ops: list[tuple[str, int, int]]
+) -> None:
     kv = PagedKVManager(num_blocks=16, block_size=block_size, cpu_blocks=8)
     swapped: set[int] = set()
     for op, rid, n in ops:
@@ -52,7 +61,9 @@ def test_blocks_are_conserved_under_any_operation_sequence(block_size: int, ops:
             kv.allocate(rid, n)
         elif op == "free" and rid not in swapped:
             kv.free(rid)
-        elif op == "swap_out" and rid not in swapped and kv.num_tokens(rid) and kv.can_swap_out(rid):
+        elif (
+            op == "swap_out" and rid not in swapped and kv.num_tokens(rid) and kv.can_swap_out(rid)
+        ):
             kv.swap_out(rid)
             swapped.add(rid)
         elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:

@@ -25,7 +25,9 @@ def test_per_request_metrics_and_slo_attainment() -> None:
     assert (t.loc[0, "slo_ok"], t.loc[1, "slo_ok"]) == (1.0, 0.0)
     assert math.isnan(t.loc[2, "slo_ok"])
     s = summarize(t.reset_index(), simulated_seconds=0.09, wall_seconds=0.0, policy="vllm")
-    assert s["slo_attainment"] == 0.5 and s["ttft_attainment"] == 0.5 and s["tpot_attainment"] == 1.0
+    assert (
+        s["slo_attainment"] == 0.5 and s["ttft_attainment"] == 0.5 and s["tpot_attainment"] == 1.0
+    )
     assert s["finished"] == s["requests"] == 3
     assert s["throughput_tokens_per_s"] == pytest.approx(9 / 0.09)
     assert s["ttft_p50"] == pytest.approx(0.04)

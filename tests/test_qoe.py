@@ -66,7 +66,9 @@ def _reference(arrival: float, d: list[float], t0: float, s: float) -> float:
     s=st.floats(0.5, 20),
     now=st.none() | st.floats(0, 60),
 )
-def test_qoe_is_in_unit_interval_and_matches_the_recurrence(gaps: list[float], t0: float, s: float, now: float | None) -> None:
+def test_qoe_is_in_unit_interval_and_matches_the_recurrence(
+    gaps: list[float], t0: float, s: float, now: float | None
+) -> None:
     d = list(np.cumsum(gaps))
     q = andes_qoe(0.0, d, t0, s, now=now)
     assert 0.0 <= q <= 1.0

@@ -17,7 +17,10 @@ def test_same_seed_same_result_and_seed_matters() -> None:
     assert {k: a.summary[k] for k in keys} == {k: b.summary[k] for k in keys}
     assert a.table.drop(columns=[]).equals(b.table)
     c = simulate(cfg.model_copy(update={"workload": w.model_copy(update={"seed": 4})}))
-    assert c.summary["requests"] != a.summary["requests"] or c.summary["e2e_mean"] != a.summary["e2e_mean"]
+    assert (
+        c.summary["requests"] != a.summary["requests"]
+        or c.summary["e2e_mean"] != a.summary["e2e_mean"]
+    )
 
 
 def test_infermax_4_2_trend_vllm_lower_ttft_higher_tpot_than_sarathi() -> None:
@@ -30,7 +33,9 @@ def test_infermax_4_2_trend_vllm_lower_ttft_higher_tpot_than_sarathi() -> None:
         prompt=FixedLength(value=128),
         output=FixedLength(value=512),
     )
-    cfg = SimConfig(workload=w, instance=InstanceConfig(max_running=1024, kv_capacity_tokens=100_000))
+    cfg = SimConfig(
+        workload=w, instance=InstanceConfig(max_running=1024, kv_capacity_tokens=100_000)
+    )
     res = compare(cfg, ["vllm", "sarathi"])
     v, s = res["vllm"].summary, res["sarathi"].summary
     assert v["finished"] == s["finished"] == 1024

@@ -51,7 +51,9 @@ CASES: list[tuple[str, Callable[[InstanceView], SchedulerOutput], dict, str]] = 
     ),
     (
         "duplicate",
-        lambda v: SchedulerOutput((ScheduledRequest(v.waiting[0], 1), ScheduledRequest(v.waiting[0], 1))),
+        lambda v: SchedulerOutput(
+            (ScheduledRequest(v.waiting[0], 1), ScheduledRequest(v.waiting[0], 1))
+        ),
         {},
         "batch",
     ),

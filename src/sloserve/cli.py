@@ -23,8 +23,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console()
-err_console = Console(stderr=True)
+# Wide enough for the comparison table when output goes to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
 # ----------------------------------------------------------------------------- options
 ConfigOpt = Annotated[

@@ -1,12 +1,13 @@
 """Batch-time cost models: the one interface every executor and policy estimates with.
 
 Extension point: subclass :class:`CostModel`. Implement :meth:`CostModel.batch_time`; override
-:meth:`CostModel.decode_run_times` with a vectorised form when you can, because the
+:meth:`CostModel.run_times` with a vectorised form when you can, because the
 simulator's fast path asks for whole runs of decode-only iterations at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -68,17 +69,36 @@ class CostModel(ABC):
         """Seconds for one decode-only iteration of ``batch_size`` requests."""
         return self.batch_time(BatchStats(num_decode=batch_size, decode_context_sum=context_sum))
 
+    def run_times(
+        self, stats: BatchStats, steps: int, prefill_work_step: int = 0
+    ) -> NDArray[np.float64]:
+        """Durations of ``steps`` consecutive iterations of the same batch.
+
+        From one iteration to the next, each decode request reads one more KV token (the
+        decode context sum grows by ``num_decode``) and each prefill chunk sees its own
+        previous chunk as cached context (the attention work grows by
+        ``prefill_work_step`` = Σ c²). Override with a closed form when you can.
+        """
+        return np.array(
+            [
+                self.batch_time(
+                    dataclasses.replace(
+                        stats,
+                        decode_context_sum=stats.decode_context_sum + i * stats.num_decode,
+                        prefill_attn_work=stats.prefill_attn_work + i * prefill_work_step,
+                    )
+                )
+                for i in range(steps)
+            ],
+            dtype=np.float64,
+        )
+
     def decode_run_times(
         self, num_decode: int, context_sum: int, steps: int
     ) -> NDArray[np.float64]:
-        """Durations of ``steps`` consecutive decode-only iterations of the same requests.
-
-        Each iteration reads one more KV token per request than the previous one, so the
-        context sum grows by ``num_decode`` per step.
-        """
-        return np.array(
-            [self.decode_time(num_decode, context_sum + i * num_decode) for i in range(steps)],
-            dtype=np.float64,
+        """Durations of ``steps`` decode-only iterations of the same requests."""
+        return self.run_times(
+            BatchStats(num_decode=num_decode, decode_context_sum=context_sum), steps
         )
 
 
@@ -101,7 +121,7 @@ class ConstantCostModel(CostModel):
     def swap_time(self, num_tokens: int) -> float:
         return num_tokens * self.swap_s_per_token
 
-    def decode_run_times(
-        self, num_decode: int, context_sum: int, steps: int
+    def run_times(
+        self, stats: BatchStats, steps: int, prefill_work_step: int = 0
     ) -> NDArray[np.float64]:
-        return np.full(steps, self.iteration_s if num_decode > 0 else 0.0)
+        return np.full(steps, self.batch_time(stats))

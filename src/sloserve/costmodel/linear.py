@@ -78,14 +78,14 @@ class LinearCostModel(CostModel):
             )
         return t
 
-    def decode_run_times(
-        self, num_decode: int, context_sum: int, steps: int
+    def run_times(
+        self, stats: BatchStats, steps: int, prefill_work_step: int = 0
     ) -> NDArray[np.float64]:
-        if num_decode == 0:
-            return np.zeros(steps)
-        first = self.decode_time(num_decode, context_sum)
-        # Only the KV-read term changes between steps: each request reads one more token.
-        return first + self.c.per_decode_kv * num_decode * np.arange(steps, dtype=np.float64)
+        first = self.batch_time(stats)
+        # Only the attention terms change between steps, each linearly.
+        c = self.c
+        slope = c.per_decode_kv * stats.num_decode + c.per_prefill_work * prefill_work_step
+        return first + slope * np.arange(steps, dtype=np.float64)
 
     def swap_time(self, num_tokens: int) -> float:
         if num_tokens <= 0:

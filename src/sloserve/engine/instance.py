@@ -61,6 +61,17 @@ class InstanceTrace:
 
 
 @dataclass
+class _Run:
+    """A repeatable batch the fast path will advance ``k`` iterations at once."""
+
+    k: int
+    stats: BatchStats
+    work_step: int
+    decode_ids: list[int]
+    prefills: list[tuple[Request, int]]
+
+
+@dataclass
 class _Pending:
     batch: tuple[ScheduledRequest, ...]
     ends: list[float]
@@ -261,7 +272,9 @@ class Instance:
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         if out.repeatable and not out.preempt and not out.swap_in:
-            return self._apply_decode_run(out.batch, now)
+            run = self._repeat_steps(out, now)
+            if run is not None:
+                return self._apply_repeated(out, now, run)
         preempted, swapping = self._check_evictions(out)
         tokens, prefill, _admitted = self._check_batch(out, preempted, swapping)
         kv = self.kv
@@ -294,7 +307,8 @@ class Instance:
             bisect.insort(self.running, r, key=_arrival_key)
 
         batch = out.batch
-        n_prefill_seqs = work = n_decode = ctx = 0
+        n_prefill_seqs = work = ctx = 0
+        decode_ids: list[int] = []
         allocate = kv.allocate
         RUNNING = RequestStatus.RUNNING
         for r, n in batch:
@@ -304,17 +318,24 @@ class Instance:
                 bisect.insort(self.running, r, key=_arrival_key)
             computed = r.num_computed_tokens
             if r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1:
-                n_decode += 1
+                decode_ids.append(r.req_id)
                 ctx += computed
             else:
                 n_prefill_seqs += 1
                 work += n * (n + computed)
-            if allocate(r.req_id, n) is None:
-                raise self._violation(
-                    "M (KV capacity)",
-                    f"request {r.req_id} needs {kv.blocks_needed(r.req_id, n)} more blocks, "
-                    f"{kv.num_free_blocks} free",
-                )
+                if allocate(r.req_id, n) is None:
+                    raise self._violation(
+                        "M (KV capacity)",
+                        f"request {r.req_id} needs {kv.blocks_needed(r.req_id, n)} more blocks, "
+                        f"{kv.num_free_blocks} free",
+                    )
+        n_decode = len(decode_ids)
+        if decode_ids and not kv.grow_many(decode_ids, 1):
+            raise self._violation(
+                "M (KV capacity)",
+                f"{n_decode} decodes need {kv.decode_blocks_needed(decode_ids)} blocks, "
+                f"{kv.num_free_blocks} free",
+            )
 
         cm = self.cost_model
         stats = BatchStats(
@@ -356,61 +377,92 @@ class Instance:
             kv.check_invariants()
         return _Pending(batch, ends, fast)
 
-    def _apply_decode_run(self, batch: tuple[ScheduledRequest, ...], now: float) -> _Pending:
-        """A repeatable decode-only batch: validate it, then run as many identical iterations
-        as can happen before the next event, a finish or a KV shortfall (at least one)."""
+    def _repeat_steps(self, out: SchedulerOutput, now: float) -> _Run | None:
+        """How many identical iterations a repeatable batch may run; None: step normally."""
         me = self.instance_id
         RUNNING = RequestStatus.RUNNING
-        ids: list[int] = []
+        decode_ids: list[int] = []
+        prefills: list[tuple[Request, int]] = []
         ctx = 0
-        k = _MAX_FAST_STEPS
-        for r, n in batch:
+        k = _MAX_FAST_STEPS if self.multi_step else 1
+        pf_tokens = work = work_step = 0
+        for r, n in out.batch:
             n_out = r.num_output_tokens
             computed = r.num_computed_tokens
-            if (
-                r.status is not RUNNING
-                or r.instance_id != me
-                or n != 1
-                or not n_out
-                or (r.num_prompt_tokens + n_out - computed != 1)
-            ):
+            remaining = r.num_prompt_tokens + n_out - computed
+            if r.status is not RUNNING or r.instance_id != me:
+                raise self._violation("repeatable", f"request {r.req_id} is not running here")
+            if n_out and remaining == 1 and n == 1:
+                decode_ids.append(r.req_id)
+                ctx += computed
+                left = r.true_output_len - n_out
+            elif 1 <= n < remaining:
+                prefills.append((r, n))
+                pf_tokens += n
+                work += n * (n + computed)
+                work_step += n * n
+                left = (remaining - 1) // n  # iterations before its final chunk
+            else:
                 raise self._violation(
                     "repeatable",
-                    f"request {r.req_id} is not a running decode step of this instance",
+                    f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
                 )
-            ids.append(r.req_id)
-            ctx += computed
-            left = r.true_output_len - n_out
             if left < k:
                 k = left
-        if len(set(ids)) != len(ids):
+        if k <= 1:
+            return None
+        stats = BatchStats(
+            num_prefill_tokens=pf_tokens,
+            num_prefill_seqs=len(prefills),
+            prefill_attn_work=work,
+            num_decode=len(decode_ids),
+            decode_context_sum=ctx,
+        )
+        t_next = self.env.peek()
+        if t_next != math.inf:
+            ends = now + np.cumsum(self.cost_model.run_times(stats, k, work_step))
+            # The iteration during which the next event happens is the last one we run.
+            k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
+            if k <= 1:
+                return None
+        kv = self.kv
+        reserve = out.repeat_reserve_blocks
+        k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
+        while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
+            k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
+        if k <= 1:
+            return None
+        return _Run(k, stats, work_step, decode_ids, prefills)
+
+    def _apply_repeated(self, out: SchedulerOutput, now: float, run: _Run) -> _Pending:
+        """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
+        stats = run.stats
+        if len(out.batch) != len({r.req_id for r, _n in out.batch}):
             raise self._violation("batch", "a request appears twice")
-        if len(ids) > self.limits.max_batch_tokens:
+        lim = self.limits
+        if stats.total_tokens > lim.max_batch_tokens:
             raise self._violation(
-                "C (max batch tokens)", f"{len(ids)} tokens > C={self.limits.max_batch_tokens}"
+                "C (max batch tokens)", f"{stats.total_tokens} tokens > C={lim.max_batch_tokens}"
             )
-        cm = self.cost_model
-        if not self.multi_step:
-            k = 1
-        if k > 1:
-            t_next = self.env.peek()
-            if t_next != math.inf:
-                ends_k = now + np.cumsum(cm.decode_run_times(len(ids), ctx, k))
-                # The iteration during which the next event happens is the last one we run.
-                k = min(k, int(np.searchsorted(ends_k, t_next, side="left")) + 1)
-            if k > 1:
-                k = max(1, self.kv.max_uniform_growth(ids, k))
-        if not self.kv.grow_many(ids, k):
+        if stats.num_prefill_tokens > lim.max_prefill_tokens:
             raise self._violation(
-                "M (KV capacity)",
-                f"{len(ids)} decodes need {self.kv.decode_blocks_needed(ids)} blocks, "
-                f"{self.kv.num_free_blocks} free",
+                "P (max prefill tokens)",
+                f"{stats.num_prefill_tokens} prefill tokens > P={lim.max_prefill_tokens}",
             )
-        durs = cm.decode_run_times(len(ids), ctx, k)
+        kv = self.kv
+        k = run.k
+        ok = kv.grow_many(run.decode_ids, k)
+        for r, n in run.prefills:
+            ok = ok and kv.allocate(r.req_id, k * n) is not None
+        if not ok:  # _repeat_steps checked this; a failure here is an engine bug
+            raise self._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
+        durs = self.cost_model.run_times(stats, k, run.work_step)
         if not durs[0] > 0:
-            raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {durs[0]}s")
+            raise self._violation(
+                "batch", f"cost model {self.cost_model.name!r} priced the batch at {durs[0]}s"
+            )
         ends = (now + np.cumsum(durs)).tolist()
-        return self._record(batch, ends, len(ids), now, fast=True)
+        return self._record(out.batch, ends, stats.total_tokens, now, fast=True)
 
     def _complete(self) -> None:
         pending = self._pending
@@ -426,7 +478,10 @@ class Instance:
         finished: list[Request] = []
         if fast:
             last = first + k - 1
-            for r, _n in pending.batch:
+            for r, n in pending.batch:
+                if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1:
+                    r.num_computed_tokens += k * n  # a non-final prefill chunk: no token
+                    continue
                 r.num_computed_tokens += k
                 r.num_output_tokens += k
                 runs = r.token_runs  # inlined Request.record_tokens: this is the hot loop
@@ -443,7 +498,13 @@ class Instance:
                 if r.num_computed_tokens == r.num_prompt_tokens + r.num_output_tokens:
                     if r.first_token_time is None:
                         r.first_token_time = end
-                    r.record_tokens(first, 1)
+                    r.num_output_tokens += 1
+                    runs = r.token_runs  # inlined Request.record_tokens (hot loop)
+                    if runs and runs[-1] == first - 1:
+                        runs[-1] = first
+                    else:
+                        runs.append(first)
+                        runs.append(first)
                     if r.num_output_tokens >= r.true_output_len:
                         finished.append(r)
         for r in finished:

@@ -79,16 +79,20 @@ class SchedulerOutput:
     2. ``swap_in``: swapped requests whose KV comes back to the GPU;
     3. ``batch``: the requests that run, with their token counts, in KV-allocation order.
 
-    ``repeatable`` is the policy's promise that, until a request arrives, a request
-    finishes or a KV allocation would fail, it would return the same decode-only batch
-    again. The instance then advances many iterations at once (results are identical to
-    stepping one at a time). Leave it False when unsure.
+    ``repeatable`` is the policy's promise that it would return the same batch again (the
+    same requests; decodes one token each, prefills the same chunk) until: a request
+    arrives, a request finishes or completes its prefill, or the decodes' KV growth no
+    longer fits in the free blocks minus ``repeat_reserve_blocks`` (which the policy keeps
+    for the prefill entries' later chunks). Every request in a repeatable batch must
+    already be running. The instance then advances many iterations at once, with results
+    identical to stepping one at a time. Leave it False when unsure.
     """
 
     batch: tuple[ScheduledRequest, ...] = ()
     preempt: tuple[tuple[Request, PreemptionMode], ...] = ()
     swap_in: tuple[Request, ...] = ()
     repeatable: bool = False
+    repeat_reserve_blocks: int = 0
 
     @property
     def empty(self) -> bool:

@@ -83,13 +83,16 @@ class KVCacheManager(ABC):
             self.allocate(r, n_new_tokens)
         return True
 
-    def max_uniform_growth(self, req_ids: Sequence[int], limit: int) -> int:
-        """Largest k <= ``limit`` such that every request can grow by k tokens at once.
+    def max_uniform_growth(
+        self, req_ids: Sequence[int], limit: int, free: int | None = None
+    ) -> int:
+        """Largest k <= ``limit`` such that every request can grow by k tokens at once,
+        using at most ``free`` blocks (default: all free blocks).
 
         The simulator's fast path asks this before advancing k decode steps in one go.
         Generic binary search; managers override it with something faster.
         """
-        free = self.num_free_blocks
+        free = self.num_free_blocks if free is None else free
 
         def fits(k: int) -> bool:
             return sum(self.blocks_needed(r, k) for r in req_ids) <= free
@@ -227,9 +230,13 @@ class PagedKVManager(KVCacheManager):
                 del free[-more:]
         return True
 
-    def max_uniform_growth(self, req_ids: Sequence[int], limit: int) -> int:
+    def max_uniform_growth(
+        self, req_ids: Sequence[int], limit: int, free: int | None = None
+    ) -> int:
         bs = self.block_size
-        free = len(self._free)
+        free = len(self._free) if free is None else free
+        if free < 0:
+            return 0
         if free >= len(req_ids) * (limit // bs + 1):
             return limit  # enough even if every request starts on a full block
         tables = self._tables

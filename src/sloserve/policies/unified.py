@@ -202,7 +202,7 @@ class UnifiedScheduler(Scheduler):
         in_batch: set[int] = set()
         swap_in: list[Request] = []
         batch_decode: bool | None = None
-        running_decodes = 0
+        running_decodes = steady_prefills = repeat_reserve = 0
         victims = _Victims(self, view, rank_key) if cfg.evict else None
         # One ranked group has no "next group": a candidate that cannot run is skipped.
         skip_on_fail = cfg.groups == "single"
@@ -295,21 +295,32 @@ class UnifiedScheduler(Scheduler):
                     if cfg.eviction_free:
                         reserved += self._reservation(cand, view)
                     if status is SWAPPED:
+                        # No CPU credit: the engine swaps out before it swaps in.
                         swap_in.append(cand)
-                        st.cpu_free += kv.swap_in_blocks_needed(rid)
                 batch.append(ScheduledRequest(cand, n))
                 in_batch.add(rid)
-                if is_decode and not joining:
-                    running_decodes += 1
+                if not joining:
+                    if is_decode:
+                        running_decodes += 1
+                    elif n < remaining:
+                        # a non-final chunk took what was left of the budget: the same
+                        # chunk of the same prompt comes next, with its blocks promised
+                        steady_prefills += 1
+                        repeat_reserve += need
                 if batch_decode is None:
                     batch_decode = is_decode
 
-        # Repeatable: a pure-decode batch of every running request with nothing evicted;
-        # waiting requests that did not fit now cannot fit while KV use only grows.
+        # Repeatable: every running request is in the batch, decoding or taking a non-final
+        # chunk that used up the budget, and nothing was evicted. Requests that did not fit
+        # now cannot fit in the next iterations: budgets stay used up and KV use only grows.
         repeatable = (
-            bool(batch) and not st.preempt and running_decodes == len(batch) == len(view.running)
+            bool(batch)
+            and not st.preempt
+            and running_decodes + steady_prefills == len(batch) == len(view.running)
         )
-        return SchedulerOutput(tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable)
+        return SchedulerOutput(
+            tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable, repeat_reserve
+        )
 
     def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
         mode = self.config.preemption_mode
