@@ -206,9 +206,14 @@ def simulate(
     from sloserve.experiments.runner import simulate as run_one
 
     flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
-    cfg, _ = _build_config({}, config, flags)
+    cfg, listed = _build_config({}, config, flags)
     if policy is not None:
         cfg = cfg.model_copy(update={"policy": policy})
+    elif listed is not None:
+        raise SloserveError(
+            f"{config}: 'policies' lists several policies; use `sloserve compare`, "
+            "or pick one with --policy"
+        )
     from sloserve.policies.registry import make_policy
 
     make_policy(cfg.policy, cfg.policy_params)
@@ -225,6 +230,7 @@ def simulate(
             f"{result.summary['simulated_seconds']:.0f} s simulated",
         )
     )
+    _note_rejections({cfg.policy: result})
     if out is not None:
         console.print(f"report written to {out}")
 
@@ -257,8 +263,20 @@ def _compare(
     console.print(
         _summary_table(results, f"{len(first.requests)} requests, same arrivals for every policy")
     )
+    _note_rejections(results)
     if out is not None:
         console.print(f"report written to {out}")
+
+
+def _note_rejections(results: dict[str, Any]) -> None:
+    """Say when requests were turned away, and why: a silent drop would mislead."""
+    for name, r in results.items():
+        rejected = r.table[r.table["status"] == "rejected"]
+        if len(rejected):
+            why = rejected["reject_reason"].iloc[0]
+            console.print(
+                f"[yellow]{name}: {len(rejected)} request(s) rejected, e.g. {why}[/yellow]"
+            )
 
 
 class _null:

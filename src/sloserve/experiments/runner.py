@@ -178,6 +178,8 @@ def simulate(
         inst.abort_all()
     sim_s = env.now
     iter_end = np.asarray(inst.iter_end, dtype=np.float64)
+    # Requests whose arrival lies beyond the horizon never reached the replica.
+    reqs = [r for r in reqs if r.instance_id >= 0]
     table = request_table(reqs, {inst.instance_id: iter_end})
     trace = pd.DataFrame(
         {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
