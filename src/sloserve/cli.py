@@ -13,7 +13,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from sloserve.config import builtin_config, read_yaml, set_path, validate, validation_message
+from sloserve.config import (
+    builtin_config,
+    deep_merge,
+    read_yaml,
+    set_path,
+    validate,
+    validation_message,
+)
 from sloserve.core.errors import SloserveError
 
 app = typer.Typer(
@@ -103,6 +110,8 @@ OutOpt = Annotated[
     Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")
 ]
 
+_DEFAULT_RATE = 4.0  # WorkloadSpec's default arrival rate, requests/s
+
 _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "workload": ("workload", "mix"),
     "trace": ("workload", "trace"),
@@ -137,9 +146,20 @@ def _build_config(
     data = dict(base)
     source = "built-in defaults"
     if config is not None:
-        data.update(read_yaml(config))
+        data = deep_merge(data, read_yaml(config))
         source = str(config)
     policies = data.pop("policies", None)
+    workload = data.get("workload")
+    kind = flags.get("arrival")
+    if (
+        kind is not None
+        and isinstance(workload, dict)
+        and isinstance(workload.get("arrival"), dict)
+    ):
+        old = workload["arrival"]
+        if old.get("kind", "poisson") != kind:
+            # Another process: keep only the mean rate; the old one's shape keys don't apply.
+            workload["arrival"] = {"rate": old["rate"]} if "rate" in old else {}
     for name, value in flags.items():
         if value is None:
             continue
@@ -149,8 +169,9 @@ def _build_config(
     arrival = (
         data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
     )
-    if isinstance(arrival, dict) and "kind" not in arrival:
-        arrival["kind"] = "poisson"
+    if isinstance(arrival, dict):
+        arrival.setdefault("kind", "poisson")
+        arrival.setdefault("rate", _DEFAULT_RATE)
     if policies is not None and (
         not isinstance(policies, list) or not all(isinstance(p, str) for p in policies)
     ):
@@ -162,9 +183,10 @@ def _summary_table(results: dict[str, Any], title: str) -> Table:
     from sloserve.experiments.report import SUMMARY_COLUMNS, summary_rows
 
     table = Table(title=title, show_lines=False)
-    table.add_column("policy", style="bold")
+    # Narrow terminals: numbers and headers fold onto more lines, names never get cut.
+    table.add_column("policy", style="bold", no_wrap=True)
     for _k, header, _f in SUMMARY_COLUMNS:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", overflow="fold")
     for row in summary_rows(results):
         table.add_row(*row)
     return table
@@ -348,6 +370,7 @@ def list_policies() -> None:
     from sloserve.policies.registry import policy_summaries
 
     t = Table("policy", "what it is")
+    t.columns[0].no_wrap = True
     for name, summary in policy_summaries().items():
         t.add_row(name, summary)
     console.print(t)
@@ -359,6 +382,9 @@ def list_profiles() -> None:
     from sloserve.costmodel.profile import load_profile, profile_names
 
     t = Table("profile", "model", "GPU", "TP", "M (tokens)", "decode 1 / 32 req (ms)")
+    t.columns[0].no_wrap = True
+    for col in t.columns[1:]:
+        col.overflow = "fold"
     for name in profile_names():
         p = load_profile(name)
         cm = p.cost_model()

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sloserve.core.errors import ConfigError
+from sloserve.core.errors import ConfigError, yaml_problem
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -21,13 +21,26 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: config file not found") from None
     except OSError as e:
         raise ConfigError(f"{p}: cannot read config ({e.strerror})") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text (UTF-8) file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from e
+        raise ConfigError(f"{p}: not valid YAML ({yaml_problem(e)})") from e
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the config must be a mapping of keys, not {type(data).__name__}")
     return data
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, mapping by mapping (a YAML section refines, not replaces)."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
 
 
 def builtin_config(name: str) -> dict[str, Any]:

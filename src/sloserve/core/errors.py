@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SloserveError(Exception):
     """Base class of every error sloserve raises on purpose (bad input, bad policy output)."""
@@ -42,3 +44,10 @@ class SchedulerViolation(SloserveError, RuntimeError):
 
 class StallError(SloserveError, RuntimeError):
     """The simulation cannot make progress (a policy schedules nothing while work remains)."""
+
+
+def yaml_problem(e: Any) -> str:
+    """A PyYAML error as one line: the problem and the line it is on."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}" if mark is not None else str(problem)

@@ -10,6 +10,8 @@ Aladdin's prefill/decode forms are special cases (zero the terms they lack).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,34 +60,42 @@ class LinearCostModel(CostModel):
         c = self.c
         return max(c.token_floor, c.token_intercept + c.per_token * tokens)
 
-    def batch_time(self, stats: BatchStats) -> float:
+    def _time(self, stats: BatchStats, ctx: Any, work: Any) -> Any:
+        """The model for ``stats`` with the decode context sum and prefill work given
+        separately (floats or arrays): one expression, so that a run priced at once is
+        bit-identical to the same iterations priced one by one."""
         c = self.c
         tokens = stats.num_prefill_tokens + stats.num_decode
-        if tokens == 0:
-            return 0.0
         t = c.intercept + self._non_attention(tokens) + c.comm_intercept + c.comm_per_token * tokens
         if stats.num_decode:
-            t += (
-                c.decode_intercept
-                + c.per_decode_seq * stats.num_decode
-                + c.per_decode_kv * stats.decode_context_sum
+            t = t + (
+                c.decode_intercept + c.per_decode_seq * stats.num_decode + c.per_decode_kv * ctx
             )
         if stats.num_prefill_tokens:
-            t += (
+            t = t + (
                 c.prefill_intercept
                 + c.per_prefill_seq * stats.num_prefill_seqs
-                + c.per_prefill_work * stats.prefill_attn_work
+                + c.per_prefill_work * work
             )
         return t
+
+    def batch_time(self, stats: BatchStats) -> float:
+        if stats.num_prefill_tokens + stats.num_decode == 0:
+            return 0.0
+        return float(self._time(stats, stats.decode_context_sum, stats.prefill_attn_work))
 
     def run_times(
         self, stats: BatchStats, steps: int, prefill_work_step: int = 0
     ) -> NDArray[np.float64]:
-        first = self.batch_time(stats)
+        if stats.num_prefill_tokens + stats.num_decode == 0:
+            return np.zeros(steps)
         # Only the attention terms change between steps, each linearly.
-        c = self.c
-        slope = c.per_decode_kv * stats.num_decode + c.per_prefill_work * prefill_work_step
-        return first + slope * np.arange(steps, dtype=np.float64)
+        j = np.arange(steps, dtype=np.int64)
+        ctx = stats.decode_context_sum + j * stats.num_decode
+        work = stats.prefill_attn_work + j * prefill_work_step
+        return np.asarray(
+            self._time(stats, ctx.astype(np.float64), work.astype(np.float64)), dtype=np.float64
+        )
 
     def swap_time(self, num_tokens: int) -> float:
         if num_tokens <= 0:

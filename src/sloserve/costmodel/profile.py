@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sloserve.core.errors import ConfigError, UnknownNameError
+from sloserve.core.errors import ConfigError, UnknownNameError, yaml_problem
 from sloserve.core.hardware import GPUSpec, ModelSpec
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
 
@@ -88,8 +88,10 @@ def load_profile_file(path: str | Path) -> ReplicaProfile:
         data = yaml.safe_load(p.read_text())
     except OSError as e:
         raise ConfigError(f"{p}: cannot read profile ({e.strerror})") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a text (UTF-8) file") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({e})") from e
+        raise ConfigError(f"{p}: not valid YAML ({yaml_problem(e)})") from e
     try:
         return ReplicaProfile.model_validate(data)
     except ValidationError as e:

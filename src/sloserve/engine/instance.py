@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
@@ -39,6 +40,13 @@ from sloserve.engine.kv import KVCacheManager, PagedKVManager
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 _MAX_FAST_STEPS = 1 << 14
+
+
+def _accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64]:
+    """End times of back-to-back iterations, added one by one exactly as single steps
+    would (``now + d0``, then ``+ d1``...), so that the fast path never reorders an
+    iteration end and an event that fall at the same instant."""
+    return np.cumsum(np.concatenate(([now], durations)))[1:]
 
 
 def _arrival_key(r: Request) -> tuple[float, int]:
@@ -420,7 +428,7 @@ class Instance:
         )
         t_next = self.env.peek()
         if t_next != math.inf:
-            ends = now + np.cumsum(self.cost_model.run_times(stats, k, work_step))
+            ends = _accumulate(now, self.cost_model.run_times(stats, k, work_step))
             # The iteration during which the next event happens is the last one we run.
             k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
             if k <= 1:
@@ -461,7 +469,7 @@ class Instance:
             raise self._violation(
                 "batch", f"cost model {self.cost_model.name!r} priced the batch at {durs[0]}s"
             )
-        ends = (now + np.cumsum(durs)).tolist()
+        ends = _accumulate(now, durs).tolist()
         return self._record(out.batch, ends, stats.total_tokens, now, fast=True)
 
     def _complete(self) -> None:

@@ -180,7 +180,9 @@ def _from_trace(spec: WorkloadSpec) -> list[Request]:
                     num_prompt_tokens=p,
                     true_output_len=int(t.output[i]),
                     req_class=c,
-                    priority=int(t.priority[i]) if t.priority is not None else rule.priority,
+                    priority=rule.priority
+                    if t.priority is None or np.isnan(t.priority[i])
+                    else int(t.priority[i]),
                     model=t.model[i] if t.model is not None else "default",
                     slo=slo,
                     qoe=spec.qoe.spec(p),

@@ -8,6 +8,7 @@ An empty optional cell falls back to the workload's per-class rule. Any problem 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,16 +30,23 @@ class TraceColumns:
     prompt: NDArray[np.int64]
     output: NDArray[np.int64]
     req_class: list[str] | None
-    priority: NDArray[np.int64] | None
+    priority: NDArray[np.float64] | None
+    """Integer priorities; NaN where the cell was empty."""
     model: list[str] | None
     slo: dict[str, NDArray[np.float64]]
 
 
-def _line(idx: int) -> int:
-    return idx + 2  # 1-based, after the header
+class _Lines:
+    """Maps data rows to file lines (1-based; the header and blank lines count)."""
+
+    def __init__(self, lines: NDArray[np.int64]) -> None:
+        self.lines = lines
+
+    def __call__(self, idx: int) -> int:
+        return int(self.lines[idx])
 
 
-def _numeric(df: pd.DataFrame, col: str, path: Path) -> NDArray[np.float64]:
+def _numeric(df: pd.DataFrame, col: str, path: Path, _line: _Lines) -> NDArray[np.float64]:
     raw = df[col]
     num = pd.to_numeric(raw, errors="coerce")
     bad = num.isna() & raw.notna()
@@ -55,12 +63,32 @@ def _numeric(df: pd.DataFrame, col: str, path: Path) -> NDArray[np.float64]:
 def read_trace(path: str | Path) -> TraceColumns:
     p = Path(path)
     try:
-        df = pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[""], skipinitialspace=True)
+        with warnings.catch_warnings():
+            # pandas only warns when a row has more fields than the header; that is an error.
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(
+                p,
+                dtype=str,
+                keep_default_na=False,
+                na_values=[""],
+                skipinitialspace=True,
+                skip_blank_lines=False,
+                index_col=False,  # an extra field must not turn the first column into an index
+            )
+    except pd.errors.ParserWarning:
+        raise WorkloadError(f"{p}: a row has more fields than the header") from None
     except FileNotFoundError:
         raise WorkloadError(f"{p}: trace file not found") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise WorkloadError(f"{p}: not a readable CSV ({str(e).splitlines()[0]})") from e
     df.columns = [c.strip() for c in df.columns]
+    # Blank lines are skipped, but still counted so that errors name the right line.
+    blank = df.isna().all(axis=1).to_numpy()
+    _line = _Lines(np.flatnonzero(~blank) + 2)
+    df = df[~blank].reset_index(drop=True)
+    extra = [c for c in df.columns if c.startswith("Unnamed:")]
+    if extra:
+        raise WorkloadError(f"{p}: a row has more fields than the header, or a column has no name")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise WorkloadError(
@@ -68,10 +96,13 @@ def read_trace(path: str | Path) -> TraceColumns:
         )
     if len(df) == 0:
         raise WorkloadError(f"{p}: the trace has no rows")
-    arrival = _numeric(df, "arrival_s", p)
-    if (arrival < 0).any():
-        i = int(np.flatnonzero(arrival < 0)[0])
-        raise WorkloadError(f"{p}: line {_line(i)}, column arrival_s: negative ({arrival[i]})")
+    arrival = _numeric(df, "arrival_s", p, _line)
+    bad_arrival = (arrival < 0) | ~np.isfinite(arrival)
+    if bad_arrival.any():
+        i = int(np.flatnonzero(bad_arrival)[0])
+        raise WorkloadError(
+            f"{p}: line {_line(i)}, column arrival_s: must be a finite time >= 0 ({arrival[i]})"
+        )
     dec = np.flatnonzero(np.diff(arrival) < 0)
     if dec.size:
         i = int(dec[0]) + 1
@@ -81,8 +112,9 @@ def read_trace(path: str | Path) -> TraceColumns:
         )
     ints: dict[str, NDArray[np.int64]] = {}
     for col in ("prompt_tokens", "output_tokens"):
-        v = _numeric(df, col, p)
-        bad = (v < 1) | (v != np.floor(v))
+        v = _numeric(df, col, p, _line)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(v) | (v < 1) | (v != np.floor(v))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise WorkloadError(
@@ -101,20 +133,21 @@ def read_trace(path: str | Path) -> TraceColumns:
         req_class = cls.tolist()
     priority = None
     if "priority" in df.columns:
-        pr = _numeric(df, "priority", p)
-        pr = np.nan_to_num(pr, nan=0.0)
-        if (pr != np.floor(pr)).any():
-            i = int(np.flatnonzero(pr != np.floor(pr))[0])
+        pr = _numeric(df, "priority", p, _line)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isnan(pr) & (~np.isfinite(pr) | (pr != np.floor(pr)))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
             raise WorkloadError(
                 f"{p}: line {_line(i)}, column priority: must be an integer ({pr[i]})"
             )
-        priority = pr.astype(np.int64)
+        priority = pr  # NaN (an empty cell) falls back to the class rule
     model = df["model"].fillna("default").tolist() if "model" in df.columns else None
     slo: dict[str, NDArray[np.float64]] = {}
     for col in OPTIONAL_FLOAT:
         if col in df.columns:
-            v = _numeric(df, col, p)
-            bad = ~np.isnan(v) & (v <= 0)
+            v = _numeric(df, col, p, _line)
+            bad = ~np.isnan(v) & ((v <= 0) | ~np.isfinite(v))
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 raise WorkloadError(f"{p}: line {_line(i)}, column {col}: must be > 0 ({v[i]})")
