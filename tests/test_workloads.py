@@ -83,10 +83,14 @@ def test_trace_replay_keeps_arrivals_and_lengths_exactly(tmp_path: Path) -> None
 
 
 def test_trace_is_not_clipped_or_sampled(tmp_path: Path) -> None:
-    """Traces ignore mix, duration, num_requests and max_context: they are replayed as is."""
+    """Traces ignore mix and max_context: they are replayed as is (the replay options, an
+    explicit duration_s or num_requests are the only ways to cut them)."""
     p = write_trace(tmp_path, TRACE)
-    spec = WorkloadSpec(trace=str(p), mix="lmsys", duration_s=1.0, max_context=64, seed=9)
+    spec = WorkloadSpec(trace=str(p), mix="lmsys", max_context=64, seed=9)
     reqs = build_requests(spec, max_context=128)
+    windowed = build_requests(WorkloadSpec(trace=str(p), duration_s=1.0))
+    assert [r.arrival for r in windowed] == [0.0, 0.25, 0.25]
+    assert len(build_requests(WorkloadSpec(trace=str(p), num_requests=2))) == 2
     assert [(r.num_prompt_tokens, r.true_output_len) for r in reqs] == [
         (17, 3),
         (1000, 250),
@@ -282,9 +286,16 @@ BROS_TABLE_2 = {
 
 
 def test_mix_names() -> None:
-    assert mix_names() == ["be-synthetic", "lmsys", "sharegpt"]
-    with pytest.raises(KeyError, match="valid: be-synthetic, lmsys, sharegpt"):
+    names = mix_names()
+    for n in ("be-synthetic", "lmsys", "sharegpt", "andes-sharegpt", "arxiv-summarization", "coding-challenges"):
+        assert n in names
+    with pytest.raises(KeyError, match="valid: andes-sharegpt, arxiv-summarization, be-synthetic"):
         get_mix("alpaca")
+    assert get_mix("fixed-512-128").groups[0][0].sample(np.random.default_rng(0), 3).tolist() == [512] * 3
+    with pytest.raises(KeyError):
+        get_mix("fixed-0-5")
+    with pytest.raises(KeyError):
+        get_mix("infermax-sisx")
 
 
 @pytest.mark.parametrize("mix", sorted(BROS_TABLE_2))
@@ -649,7 +660,7 @@ def test_invalid_specs(data: dict[str, object]) -> None:
 
 
 def test_unknown_mix_message_lists_valid_names() -> None:
-    with pytest.raises(ValidationError, match="valid: be-synthetic, lmsys, sharegpt"):
+    with pytest.raises(ValidationError, match="valid: andes-sharegpt, arxiv-summarization, be-synthetic, coding-challenges, lmsys, sharegpt"):
         WorkloadSpec(mix="alpaca")
 
 

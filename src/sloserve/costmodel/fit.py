@@ -77,22 +77,109 @@ Attention of the 7B profile
     ``attention_scaling="kv-bytes"`` scales every attention term by the KV-bytes ratio
     instead (an upper bound: it makes 7B prefill attention 8× the measured 70B-per-GPU
     kernel, i.e. far slower than the A100's FLOPs allow).
+
+Measured-iteration CSVs (your own hardware)
+-------------------------------------------
+:func:`fit_profile_csv` fits the same decomposition to whole measured iterations, e.g. the
+output of :func:`sloserve.costmodel.profiler.profile_model` (``sloserve profile``). The
+format, one row per measured batch (a header line, then data lines; blank lines are skipped
+but counted, so errors name the right line):
+
+Required columns (the :class:`~sloserve.costmodel.base.BatchStats` aggregates, exactly as
+the simulator computes them, and the measured time)
+    ``num_prefill_tokens`` (Σ prefill chunk lengths c), ``num_prefill_seqs`` (chunks),
+    ``prefill_attn_work`` (Σ c·(c + ctx), ctx = tokens already cached for that sequence),
+    ``num_decode`` (decode requests), ``decode_context_sum`` (Σ ctx over decode requests,
+    the KV tokens cached before the step, as ``engine.instance`` counts it) and ``time_s``
+    (seconds of one iteration; a median over repeats is the intended value). Counts are
+    integers ≥ 0, ``time_s`` > 0; a row must have tokens; ``num_prefill_seqs`` ≥ 1 and
+    ≤ ``num_prefill_tokens`` and ``prefill_attn_work`` ≥ ``num_prefill_tokens`` exactly when
+    there is prefill; ``decode_context_sum`` is 0 when ``num_decode`` is.
+Optional per-group times (seconds; empty cell = not measured)
+    ``time_decode_attention_s`` and ``time_prefill_attention_s`` (the attention kernels and
+    KV-cache writes of the decode / prefill part of the batch), ``time_comm_s``
+    (tensor-parallel all-reduces) and ``time_non_attention_s`` (informational, see below).
+    Each is ≥ 0 and ≤ ``time_s``; an attention cell is required (> 0) on every row of its
+    kind once the column exists, and empty or 0 on rows without that kind.
+Metadata columns (strings or numbers, constant over the file)
+    ``device``, ``model``, ``dtype``, ``tp``, ``device_memory_gib`` and ``model_<field>`` for
+    every :class:`~sloserve.core.hardware.ModelSpec` field (``model_num_layers``, …). With
+    them :func:`profile_from_csv` builds a profile without being told the model and GPU.
+    A file mixing two ``model`` or ``device`` values is an error. Other columns are ignored
+    and listed in the report (``ignored_columns``), so a typo in a group column shows.
+
+Every problem raises :class:`~sloserve.core.errors.ConfigError` naming file, line and column.
+Rows with identical aggregates are merged (median of every time) before fitting, so the
+hold-out never tests a batch that was also trained on. Then, as for Vidur's tables, points
+are sorted by their aggregates and every 5th is held out (the same rows for every group).
+
+*Per-group mode* (each kind of row present has its attention column): decode attention is
+``decode_intercept + per_decode_seq·num_decode + per_decode_kv·decode_context_sum`` fitted
+to ``time_decode_attention_s``; prefill attention ``prefill_intercept + per_prefill_seq·seqs
++ per_prefill_work·prefill_attn_work`` fitted to ``time_prefill_attention_s``; the comm term
+``comm_intercept + comm_per_token·T`` to the positive ``time_comm_s`` cells (else 0); the
+non-attention floor+line to the **remainder** ``time_s − Σ(attention, comm)`` over ``T``.
+Fitting the remainder rather than ``time_non_attention_s`` makes the terms add up to the
+measured total: whatever no group measured (LM head, embedding, launch and Python overhead)
+belongs to the per-iteration cost, which is where the simulator needs it. ``intercept`` is 0
+(absorbed by the floor). Each group's report has its held-out R² and relative errors.
+
+*Total mode* (no usable group columns): one joint relative-least-squares fit of every term to
+``time_s``. The max() is handled as in :func:`fit_floor_line`: every split of the distinct
+token counts into a flat prefix (one ``token_floor`` column) and a linear suffix
+(``token_intercept`` and ``per_token`` columns) is tried and the split whose max-form has the
+least relative squared error is kept. The comm terms are not identifiable from totals
+(they are linear in T like the non-attention line) and stay 0, folded into ``per_token``.
+
+In both modes a term whose column is (numerically) a combination of higher-priority ones is
+dropped (fixed at 0) and listed under ``dropped`` in the report: a profile with one sequence
+per prefill chunk cannot tell ``per_prefill_seq`` from ``prefill_intercept`` (we keep the
+intercept, as above), decode-only data cannot tell ``decode_intercept`` from the floor. The
+priority is: the non-attention terms, the KV and work terms, the intercepts, the per-sequence
+terms. Only ``token_intercept`` may be negative.
+
+BROS and Aladdin as special cases
+---------------------------------
+BROS prices a batch as ``α0·Ln + α1·Ln·La + β``, one fit for prefill requests and one for
+decode requests, summed. ``Ln·La`` is the size of the attention score matrix; a batch's
+attention is block-diagonal, so we read it per request, ``Σ_i Ln_i·La_i`` (identical to the
+paper's product for one request): for decode requests ``Σ 1·ctx = decode_context_sum``, for
+prefill requests ``Σ c·(c + ctx) = prefill_attn_work`` (``c²`` without cache, the paper's
+``La = Ln``). :func:`bros_coefficients` maps ``β_p → prefill_intercept``,
+``β_d → decode_intercept``, ``α1_p → per_prefill_work``, ``α1_d → per_decode_kv``,
+``α0_p → per_token`` and ``α0_d − α0_p → per_decode_seq`` (floor, intercepts of the
+non-attention line and comm terms 0). Aladdin models prefill-only batches as ``k1·Σl + c1``
+and decode-only batches as ``(k2·l̄ + c2)·b + c3 = k2·Σctx + c2·b + c3``;
+:func:`aladdin_coefficients` maps ``k1 → per_token``, ``c1 → prefill_intercept``,
+``k2 → per_decode_kv``, ``c2 − k1 → per_decode_seq``, ``c3 → decode_intercept`` (a hybrid
+batch then costs the sum of both, as in BROS). Both are exact on every batch their own
+formulas price, **provided the decode per-request slope is at least the prefill per-token
+slope** (``α0_d ≥ α0_p``, ``c2 ≥ k1``): :class:`LinearCoefficients` has one per-token term
+shared by prefill and decode tokens and no per-prefill-token term, so the converters raise
+:class:`~sloserve.core.errors.ConfigError` otherwise rather than return a model that is not
+the paper's. BROS's ``Mcpu`` (checkpointed blocks) is a transfer, priced by ``swap_time``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+import yaml
 from numpy.typing import NDArray
+from pydantic import ValidationError
 
+from sloserve.core.errors import ConfigError
 from sloserve.core.hardware import GPUSpec, ModelSpec
-from sloserve.costmodel.linear import LinearCoefficients
-from sloserve.costmodel.profile import ReplicaProfile
+from sloserve.costmodel.base import BatchStats
+from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
+from sloserve.costmodel.profile import ReplicaProfile, load_profile
 
 FloatArray = NDArray[np.float64]
 AttentionScaling = Literal["flops", "kv-bytes"]

@@ -5,6 +5,7 @@ and Python code all describe a run the same way, and unknown keys are errors."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,14 @@ from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.metrics.summary import request_table, summarize
 from sloserve.policies.registry import make_policy
-from sloserve.workloads.spec import WorkloadSpec, build_requests
+from sloserve.workloads.spec import (
+    BatchJobs,
+    Workload,
+    WorkloadSpec,
+    batch_job_requests,
+    batch_rng,
+    build_workload,
+)
 
 
 class InstanceConfig(BaseModel):
@@ -147,20 +155,41 @@ def build_instance(cfg: SimConfig, env: Environment, *, check_invariants: bool =
     )
 
 
-def workload_requests(cfg: SimConfig) -> list[Request]:
-    """The requests ``cfg`` describes (sampled lengths clipped to the model's context)."""
+def workload_of(cfg: SimConfig) -> Workload:
+    """The workload ``cfg`` describes (sampled lengths clipped to the model's context)."""
     profile = load_profile(cfg.instance.profile)
-    return build_requests(cfg.workload, max_context=profile.model.max_context)
+    return build_workload(cfg.workload, max_context=profile.model.max_context)
+
+
+def workload_requests(cfg: SimConfig) -> list[Request]:
+    """The open-loop requests ``cfg`` describes."""
+    return workload_of(cfg).requests
 
 
 def simulate(
-    cfg: SimConfig, requests: Sequence[Request] | None = None, *, check_invariants: bool = False
+    cfg: SimConfig,
+    requests: Sequence[Request] | Workload | None = None,
+    *,
+    check_invariants: bool = False,
 ) -> RunResult:
-    """Run one policy on one replica until every request ends (or ``horizon_s``)."""
+    """Run one policy on one replica until every request ends (or ``horizon_s``).
+
+    ``requests`` (a list or a :class:`Workload`) replays those requests instead of building
+    the config's workload; closed-loop batch jobs come from the workload (or the config).
+    """
     t0 = time.perf_counter()
-    reqs = fresh(requests) if requests is not None else workload_requests(cfg)
+    if isinstance(requests, Workload):
+        workload = requests
+    elif requests is not None:
+        workload = Workload(list(requests), [], cfg.workload.batch_jobs)
+    else:
+        workload = workload_of(cfg)
+    reqs = fresh(workload.requests)
     env = Environment()
     inst = build_instance(cfg, env, check_invariants=check_invariants)
+    feeder = (
+        _BatchFeeder(cfg, workload.batch_jobs, env, inst, reqs) if workload.batch_jobs else None
+    )
     feed: Iterator[Request] = iter(reqs)
 
     def arrive(r: Request) -> None:
@@ -178,6 +207,8 @@ def simulate(
         inst.abort_all()
     sim_s = env.now
     iter_end = np.asarray(inst.iter_end, dtype=np.float64)
+    if feeder is not None:
+        reqs = reqs + feeder.submitted
     # Requests whose arrival lies beyond the horizon never reached the replica.
     reqs = [r for r in reqs if r.instance_id >= 0]
     table = request_table(reqs, {inst.instance_id: iter_end})
@@ -202,10 +233,74 @@ def simulate(
             "predictor": cfg.instance.predictor,
             "policy_params": inst.scheduler.describe(),
             "seed": cfg.workload.seed,
+            "workload_notes": workload.notes,
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0
     return RunResult(cfg, reqs, table, summary, trace, iter_end)
+
+
+class _BatchFeeder:
+    """Closed-loop batch jobs: the next batch arrives when the previous one has completed.
+
+    ``submitted`` is a list the feeder keeps appending to, so that the run's request table
+    includes every batch request it created.
+    """
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        jobs: BatchJobs,
+        env: Environment,
+        inst: Instance,
+        open_loop: list[Request],
+    ) -> None:
+        self.cfg = cfg
+        self.jobs = jobs
+        self.env = env
+        self.inst = inst
+        self.rng = batch_rng(cfg.workload.seed)
+        self.next_id = max((r.req_id for r in open_loop), default=-1) + 1
+        self.outstanding: set[int] = set()
+        self.batches = 0
+        self.submitted: list[Request] = []
+        self.context = load_profile(cfg.instance.profile).model.max_context
+        previous = inst.on_done
+
+        def on_done(r: Request) -> None:
+            if previous is not None:
+                previous(r)
+            if r.req_id in self.outstanding:
+                self.outstanding.discard(r.req_id)
+                if not self.outstanding:
+                    self._schedule(self.env.now + self.jobs.gap_s)
+
+        inst.on_done = on_done
+        self._schedule(jobs.start_s)
+
+    def _more(self, at: float) -> bool:
+        if self.jobs.num_batches is not None:
+            return self.batches < self.jobs.num_batches
+        d = self.cfg.workload.duration_s
+        return d is not None and at < d
+
+    def _schedule(self, at: float) -> None:
+        if not self._more(at):
+            return
+        batch = batch_job_requests(
+            self.jobs,
+            self.cfg.workload,
+            self.rng,
+            first_id=self.next_id,
+            at=at,
+            max_context=self.context,
+        )
+        self.batches += 1
+        self.next_id += len(batch)
+        self.outstanding = {r.req_id for r in batch}
+        self.submitted.extend(batch)
+        for r in batch:
+            self.env.schedule(at, functools.partial(self.inst.add_request, r), PRIO_ARRIVAL)
 
 
 def compare(cfg: SimConfig, policies: Sequence[str]) -> dict[str, RunResult]:
@@ -217,5 +312,5 @@ def compare(cfg: SimConfig, policies: Sequence[str]) -> dict[str, RunResult]:
         raise ConfigError(f"policy listed twice: {', '.join(sorted(dup))}")
     for p in policies:  # fail before running anything; params apply to every policy
         make_policy(p, cfg.policy_params)
-    reqs = workload_requests(cfg)
-    return {p: simulate(cfg.model_copy(update={"policy": p}), reqs) for p in policies}
+    workload = workload_of(cfg)
+    return {p: simulate(cfg.model_copy(update={"policy": p}), workload) for p in policies}

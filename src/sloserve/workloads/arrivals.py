@@ -134,6 +134,44 @@ class BurstyArrivals(_Arrivals):
         return arr
 
 
+class DiurnalArrivals(_Arrivals):
+    """A Poisson process whose rate swings sinusoidally around ``rate``:
+    ``rate·(1 + amplitude·sin(2π(t/period_s + phase)))``, drawn by thinning."""
+
+    kind: Literal["diurnal"] = "diurnal"
+    rate: float = Field(gt=0)
+    amplitude: float = Field(default=0.5, ge=0, le=1)
+    period_s: float = Field(default=86400.0, gt=0)
+    phase: float = Field(default=0.0, description="fraction of a period")
+
+    def rate_at(self, t: NDArray[np.float64]) -> NDArray[np.float64]:
+        return self.rate * (
+            1 + self.amplitude * np.sin(2 * np.pi * (t / self.period_s + self.phase))
+        )
+
+    def times(
+        self, rng: np.random.Generator, duration: float | None, count: int | None
+    ) -> NDArray[np.float64]:
+        peak = self.rate * (1 + self.amplitude)
+        out: list[NDArray[np.float64]] = []
+        total = 0
+        t0 = 0.0
+        chunk = max(64, int(peak * min(duration or 3600.0, 3600.0)))
+        while True:
+            cand = t0 + np.cumsum(rng.exponential(1.0 / peak, size=chunk))
+            keep = cand[rng.random(chunk) * peak < self.rate_at(cand)]
+            t0 = float(cand[-1])
+            if duration is not None:
+                keep = keep[keep < duration]
+            out.append(keep)
+            total += keep.size
+            if (duration is not None and t0 >= duration) or (count is not None and total >= count):
+                break
+        arr = np.concatenate(out)
+        return arr[:count] if count is not None else arr
+
+
 ArrivalProcess = Annotated[
-    PoissonArrivals | GammaArrivals | ConstantArrivals | BurstyArrivals, Field(discriminator="kind")
+    PoissonArrivals | GammaArrivals | ConstantArrivals | BurstyArrivals | DiurnalArrivals,
+    Field(discriminator="kind"),
 ]

@@ -1,21 +1,45 @@
 """A workload spec (YAML-friendly) and the requests it generates.
 
+Three sources of requests, combinable with closed-loop best-effort batches:
+
+* a named **mix** (:mod:`sloserve.workloads.mixes`) with an **arrival process**;
+* a **trace** replayed as given (``trace_use: replay``), after the replay options: time
+  window, speed-up, sampling, length caps, mapping of trace labels to classes and models;
+* a trace used as an **empirical length distribution** (``trace_use: lengths``, and always
+  for ShareGPT, which has no arrival times): (prompt, output) pairs drawn jointly with
+  replacement, arrivals from the arrival process.
+
+**Batch jobs** (``batch_jobs``) are BROS §7.1's best-effort load: a batch of requests is
+submitted, and the next one when every request of the previous batch has completed (closed
+loop; the runner submits them as the simulation goes).
+
+SLO rules per class: a preset (``bros``: RT TTFT 0.4 s / TPOT 0.2 s; ``qlm``: end-to-end
+deadlines, 30 s for latency-sensitive RT and 300 s for batch BE, our reading of QLM §8's
+"< 30 s" and "several minutes"; ``none``) or explicit rules. QoE (Andes): TTFT target
+``max(prompt/5000, 1)`` s and reading speeds, fixed or drawn from a distribution.
+
 Randomness: one ``numpy`` generator per component (arrivals, prompt lengths, output
-lengths, classes) spawned from ``seed``, so changing one component leaves the draws of the
-others unchanged, and the same spec and seed always give the same requests.
+lengths, classes, reading speeds, trace sampling, batch jobs) spawned from ``seed``, so
+changing one component leaves the draws of the others unchanged, and the same spec and seed
+always give the same requests.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
 import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloserve.core.errors import WorkloadError
 from sloserve.core.request import SLO, QoESpec, Request, RequestClass
 from sloserve.workloads.arrivals import ArrivalProcess, PoissonArrivals
 from sloserve.workloads.lengths import LengthDist
+from sloserve.workloads.loaders import TraceFormat, TraceTable, load_trace
 from sloserve.workloads.mixes import get_mix
-from sloserve.workloads.trace import read_trace
 
 
 class ClassRule(BaseModel):
@@ -32,12 +56,69 @@ class ClassRule(BaseModel):
         return SLO(self.ttft_s, self.tpot_s, self.deadline_s)
 
 
+SloPreset = Literal["bros", "qlm", "none"]
+SLO_PRESETS: dict[str, dict[RequestClass, ClassRule]] = {
+    "bros": {RequestClass.RT: ClassRule(ttft_s=0.4, tpot_s=0.2), RequestClass.BE: ClassRule()},
+    "qlm": {
+        RequestClass.RT: ClassRule(deadline_s=30.0),
+        RequestClass.BE: ClassRule(deadline_s=300.0),
+    },
+    "none": {RequestClass.RT: ClassRule(), RequestClass.BE: ClassRule()},
+}
+
+
+class _Speed(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NormalSpeed(_Speed):
+    """Reading speeds from a normal distribution, clipped below at ``min``."""
+
+    kind: Literal["normal"] = "normal"
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    min: float = Field(default=0.5, gt=0)
+
+    def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        return np.maximum(rng.normal(self.mean, self.std, size=n), self.min)
+
+
+class ChoiceSpeed(_Speed):
+    """Reading speeds from a discrete set (e.g. demographic groups) with weights."""
+
+    kind: Literal["choice"] = "choice"
+    values: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+    weights: list[Annotated[float, Field(ge=0)]] | None = None
+
+    @model_validator(mode="after")
+    def _match(self) -> ChoiceSpeed:
+        if self.weights is not None and (
+            len(self.weights) != len(self.values) or sum(self.weights) <= 0
+        ):
+            raise ValueError("weights must match values in length and not all be 0")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        w = np.asarray(self.weights if self.weights is not None else [1.0] * len(self.values))
+        return np.asarray(self.values)[rng.choice(len(self.values), size=n, p=w / w.sum())]
+
+
+SpeedDist = Annotated[NormalSpeed | ChoiceSpeed, Field(discriminator="kind")]
+# Andes Figure 2's means (4.8 tokens/s reading, 3.3 listening, at 1.3 tokens per word). The
+# figure's spread is not given in the text: a 20% coefficient of variation is our choice.
+SPEED_PRESETS: dict[str, NormalSpeed] = {
+    "reading": NormalSpeed(mean=4.8, std=0.96),
+    "listening": NormalSpeed(mean=3.3, std=0.66),
+}
+
+
 class QoERule(BaseModel):
     """How each request's Andes QoE spec is set.
 
     TTFT target: ``ttft_s`` if given, else Andes' rule ``max(prompt / prefill_tokens_per_s,
-    min_ttft_s)`` (a user expects a longer prompt to take longer). Speed: ``tokens_per_s``
-    (Andes' mean reading speed, 4.8 tokens/s, by default).
+    min_ttft_s)`` (a user expects a longer prompt to take longer). Speed: ``tokens_per_s``,
+    a number (Andes' mean reading speed, 4.8 tokens/s, by default), a preset name
+    (``reading``, ``listening``) or a distribution (``normal``, ``choice``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,20 +126,68 @@ class QoERule(BaseModel):
     ttft_s: float | None = Field(default=None, ge=0)
     prefill_tokens_per_s: float = Field(default=5000.0, gt=0)
     min_ttft_s: float = Field(default=1.0, ge=0)
-    tokens_per_s: float = Field(default=4.8, gt=0)
+    tokens_per_s: Annotated[float, Field(gt=0)] | Literal["reading", "listening"] | SpeedDist = 4.8
 
-    def spec(self, prompt_tokens: int) -> QoESpec:
-        ttft = (
-            self.ttft_s
-            if self.ttft_s is not None
-            else max(prompt_tokens / self.prefill_tokens_per_s, self.min_ttft_s)
-        )
-        return QoESpec(ttft, self.tokens_per_s)
+    def ttft(self, prompt_tokens: int) -> float:
+        if self.ttft_s is not None:
+            return self.ttft_s
+        return max(prompt_tokens / self.prefill_tokens_per_s, self.min_ttft_s)
+
+    def speeds(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
+        s = self.tokens_per_s
+        if isinstance(s, (int, float)):
+            return np.full(n, float(s))
+        dist = SPEED_PRESETS[s] if isinstance(s, str) else s
+        return dist.sample(rng, n)
+
+    def spec(self, prompt_tokens: int, speed: float | None = None) -> QoESpec:
+        if speed is None:
+            speed = float(self.tokens_per_s) if isinstance(self.tokens_per_s, (int, float)) else 4.8
+        return QoESpec(self.ttft(prompt_tokens), speed)
 
 
-def _default_rules() -> dict[RequestClass, ClassRule]:
-    # BROS §7.1's real-time targets; best-effort requests have none.
-    return {RequestClass.RT: ClassRule(ttft_s=0.4, tpot_s=0.2), RequestClass.BE: ClassRule()}
+class ReplayOptions(BaseModel):
+    """How a trace with arrival times is replayed (applied in this order)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    start_s: float = Field(default=0.0, ge=0, description="window start (trace time)")
+    end_s: float | None = Field(default=None, gt=0, description="window end (trace time)")
+    speedup: float = Field(default=1.0, gt=0, description="k: replay k× faster (rate × k)")
+    sample: float | None = Field(default=None, gt=0, le=1, description="keep this fraction")
+    max_context: int | None = Field(default=None, ge=2, description="cap prompt+output")
+    cap: Literal["clip", "drop"] = Field(default="clip", description="clip or drop over the cap")
+    class_from: Literal["log_type", "model", "class"] | None = Field(
+        default=None, description="trace column mapped to the request class"
+    )
+    class_map: dict[str, RequestClass] = Field(default_factory=dict)
+    default_class: RequestClass = RequestClass.RT
+    model_map: dict[str, str] = Field(default_factory=dict, description="rename trace models")
+
+    @model_validator(mode="after")
+    def _window(self) -> ReplayOptions:
+        if self.end_s is not None and self.end_s <= self.start_s:
+            raise ValueError(f"replay window: end_s ({self.end_s}) <= start_s ({self.start_s})")
+        return self
+
+
+class BatchJobs(BaseModel):
+    """Closed-loop best-effort batches (BROS §7.1): the next batch is submitted when every
+    request of the previous one has completed, ``gap_s`` later."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mix: str = "be-synthetic"
+    batch_size: int = Field(default=64, ge=1)
+    num_batches: int | None = Field(default=None, ge=1, description="default: until duration_s")
+    start_s: float = Field(default=0.0, ge=0)
+    gap_s: float = Field(default=0.0, ge=0)
+    req_class: RequestClass = RequestClass.BE
+
+    @model_validator(mode="after")
+    def _known(self) -> BatchJobs:
+        get_mix(self.mix)
+        return self
 
 
 class WorkloadSpec(BaseModel):
@@ -66,10 +195,21 @@ class WorkloadSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mix: str = Field(default="sharegpt", description="named length mix (ignored with trace)")
-    trace: str | None = Field(default=None, description="CSV to replay exactly as given")
+    mix: str = Field(default="sharegpt", description="named length mix (ignored when replaying)")
+    trace: str | None = Field(default=None, description="trace file (ShareGPT: optional)")
+    trace_format: TraceFormat = "sloserve"
+    trace_use: Literal["replay", "lengths"] = Field(
+        default="replay", description="replay the trace, or draw lengths from it"
+    )
+    trace_columns: dict[str, str] | None = Field(default=None, description="for format 'table'")
+    strict: bool = Field(default=True, description="unsorted arrivals: error (True) or sort")
+    drop_failures: bool = Field(default=True, description="BurstGPT: drop 0-response rows")
+    tokenizer: str | None = Field(default=None, description="ShareGPT: local tokenizer.json")
+    replay: ReplayOptions = Field(default_factory=ReplayOptions)
     arrival: ArrivalProcess = Field(default_factory=lambda: PoissonArrivals(rate=4.0))
-    duration_s: float | None = Field(default=600.0, gt=0, description="arrival window")
+    duration_s: float | None = Field(
+        default=600.0, gt=0, description="arrival window (traces: only if set explicitly)"
+    )
     num_requests: int | None = Field(
         default=None, ge=1, description="cap on the number of requests"
     )
@@ -86,53 +226,125 @@ class WorkloadSpec(BaseModel):
         default=None,
         description="class fractions, e.g. {rt: 0.8, be: 0.2}; default: the mix's class",
     )
-    slo: dict[RequestClass, ClassRule] = Field(default_factory=_default_rules)
+    slo: SloPreset | dict[RequestClass, ClassRule] = Field(default="bros")
     qoe: QoERule = Field(default_factory=QoERule)
+    batch_jobs: BatchJobs | None = None
     seed: int = 0
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSpec:
-        if self.trace is None:
+        if self.trace is None and self.trace_format != "sharegpt":
             get_mix(self.mix)
             if self.duration_s is None and self.num_requests is None:
                 raise ValueError("set duration_s or num_requests (or both)")
         fractions = list((self.classes or {}).values())
         if self.classes is not None and (any(v < 0 for v in fractions) or sum(fractions) <= 0):
             raise ValueError("class fractions must be >= 0 and not all 0")
+        if (
+            self.batch_jobs is not None
+            and self.batch_jobs.num_batches is None
+            and self.duration_s is None
+        ):
+            raise ValueError("batch_jobs without num_batches need duration_s")
         return self
 
+    @property
+    def uses_trace(self) -> bool:
+        return self.trace is not None or self.trace_format == "sharegpt"
+
+    def rules(self) -> dict[RequestClass, ClassRule]:
+        base = SLO_PRESETS["bros"]
+        if isinstance(self.slo, str):
+            return dict(SLO_PRESETS[self.slo])
+        return {c: self.slo.get(c, base[c]) for c in RequestClass}
+
     def rule(self, cls: RequestClass) -> ClassRule:
-        return self.slo.get(cls) or _default_rules()[cls]
+        return self.rules()[cls]
+
+
+@dataclass
+class Workload:
+    """Generated requests, what was done to build them, and the closed-loop batch jobs."""
+
+    requests: list[Request]
+    notes: list[str] = field(default_factory=list)
+    batch_jobs: BatchJobs | None = None
+
+
+class _Rngs:
+    """One independent generator per component of a workload."""
+
+    def __init__(self, seed: int) -> None:
+        seqs = np.random.SeedSequence(seed).spawn(7)
+        gens = [np.random.default_rng(s) for s in seqs]
+        self.arrival, self.prompt, self.output, self.klass, self.speed, self.sample, self.batch = (
+            gens
+        )
+
+
+def batch_rng(seed: int) -> np.random.Generator:
+    """The generator of the closed-loop batch jobs of a workload with this seed."""
+    return _Rngs(seed).batch
 
 
 def build_requests(spec: WorkloadSpec, *, max_context: int | None = None) -> list[Request]:
+    """The requests of ``spec`` (see :func:`build_workload` for notes and batch jobs)."""
+    return build_workload(spec, max_context=max_context).requests
+
+
+def build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Workload:
     """Generate (or replay) the requests of ``spec``.
 
-    ``max_context`` (e.g. the model's context window) clips sampled lengths when the spec
-    sets none; traces are never altered, and the engine rejects what cannot be served.
+    ``max_context`` (e.g. the model's context window) clips *sampled* lengths when the spec
+    sets none; replayed traces are altered only by the replay options (the engine rejects
+    what cannot be served, and says so).
     """
-    if spec.trace is not None:
-        return _from_trace(spec)
-    seeds = np.random.SeedSequence(spec.seed).spawn(4)
-    rng_arr, rng_p, rng_o, rng_c = (np.random.default_rng(s) for s in seeds)
-    times = spec.arrival.times(rng_arr, spec.duration_s, spec.num_requests)
+    rngs = _Rngs(spec.seed)
+    notes: list[str] = []
+    if spec.uses_trace:
+        table = load_trace(
+            spec.trace,
+            spec.trace_format,
+            strict=spec.strict,
+            columns=spec.trace_columns,
+            drop_failures=spec.drop_failures,
+            tokenizer=spec.tokenizer,
+        )
+        notes.extend(table.notes)
+        if spec.trace_use == "replay" and table.has_arrivals:
+            df = apply_replay(table, spec, rngs.sample, notes)
+            return Workload(_from_table(df, spec, rngs, notes), notes, spec.batch_jobs)
+        if spec.trace_use == "replay":
+            notes.append(
+                f"{table.source} has no arrival times: lengths drawn from it, "
+                f"arrivals from {spec.arrival.kind}"
+            )
+        times = spec.arrival.times(rngs.arrival, spec.duration_s, spec.num_requests)
+        idx = rngs.prompt.integers(0, len(table.df), size=times.size)
+        prompts = table.df["prompt_tokens"].to_numpy()[idx]
+        outputs = table.df["output_tokens"].to_numpy()[idx]
+        default_class = RequestClass.RT
+    else:
+        times = spec.arrival.times(rngs.arrival, spec.duration_s, spec.num_requests)
+        mix = get_mix(spec.mix)
+        prompts, outputs = mix.sample(rngs.prompt, rngs.output, times.size)
+        if spec.prompt is not None:
+            prompts = spec.prompt.sample(rngs.prompt, times.size)
+        if spec.output is not None:
+            outputs = spec.output.sample(rngs.output, times.size)
+        default_class = mix.req_class
+    prompts, outputs = _clip(prompts, outputs, spec.max_context or max_context)
     n = times.size
-    mix = get_mix(spec.mix)
-    prompts = (spec.prompt or mix.prompt).sample(rng_p, n)
-    outputs = (spec.output or mix.output).sample(rng_o, n)
-    cap = spec.max_context or max_context
-    if cap is not None:
-        prompts = np.minimum(prompts, cap - 1)
-        outputs = np.clip(outputs, 1, cap - prompts)
     if spec.classes is not None:
         names = list(spec.classes)
         probs = np.array([spec.classes[c] for c in names], dtype=np.float64)
-        picks = rng_c.choice(len(names), size=n, p=probs / probs.sum())
+        picks = rngs.klass.choice(len(names), size=n, p=probs / probs.sum())
         classes = [names[i] for i in picks]
     else:
-        classes = [mix.req_class] * n
-    rules = {c: spec.rule(c) for c in RequestClass}
+        classes = [default_class] * n
+    rules = spec.rules()
     slos = {c: r.slo() for c, r in rules.items()}
+    speeds = spec.qoe.speeds(rngs.speed, n)
     out: list[Request] = []
     for i in range(n):
         c = classes[i]
@@ -146,48 +358,167 @@ def build_requests(spec: WorkloadSpec, *, max_context: int | None = None) -> lis
                 req_class=c,
                 priority=rules[c].priority,
                 slo=slos[c],
-                qoe=spec.qoe.spec(p),
+                qoe=QoESpec(spec.qoe.ttft(p), float(speeds[i])),
             )
         )
-    return out
+    return Workload(out, notes, spec.batch_jobs)
 
 
-def _from_trace(spec: WorkloadSpec) -> list[Request]:
-    assert spec.trace is not None
-    t = read_trace(spec.trace)
-    out: list[Request] = []
+def _clip(
+    prompts: NDArray[np.int64], outputs: NDArray[np.int64], cap: int | None
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    if cap is None:
+        return prompts, outputs
+    prompts = np.minimum(prompts, cap - 1)
+    return prompts, np.clip(outputs, 1, cap - prompts)
+
+
+def apply_replay(
+    table: TraceTable, spec: WorkloadSpec, rng: np.random.Generator, notes: list[str]
+) -> pd.DataFrame:
+    """The trace rows to replay, with arrival times relative to the window start."""
+    opts = spec.replay
+    df = table.df
+    n0 = len(df)
+    end = opts.end_s
+    if end is None and "duration_s" in spec.model_fields_set and spec.duration_s is not None:
+        end = opts.start_s + spec.duration_s
+    keep = df["arrival_s"] >= opts.start_s
+    if end is not None:
+        keep &= df["arrival_s"] < end
+    df = df[keep].copy()
+    if len(df) < n0:
+        notes.append(
+            f"window [{opts.start_s}, {end if end is not None else 'end'}) s "
+            f"keeps {len(df)} of {n0} requests"
+        )
+    df["arrival_s"] = (df["arrival_s"] - opts.start_s) / opts.speedup
+    if opts.speedup != 1.0:
+        notes.append(f"replayed {opts.speedup}× faster")
+    if opts.sample is not None and opts.sample < 1.0:
+        df = df[rng.random(len(df)) < opts.sample]
+        notes.append(f"sampled {opts.sample:.0%}: {len(df)} requests")
+    if opts.max_context is not None:
+        total = df["prompt_tokens"] + df["output_tokens"]
+        over = total > opts.max_context
+        if over.any():
+            if opts.cap == "drop":
+                df = df[~over]
+                notes.append(
+                    f"dropped {int(over.sum())} request(s) longer than {opts.max_context} tokens"
+                )
+            else:
+                p, o = _clip(
+                    df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(), opts.max_context
+                )
+                df["prompt_tokens"], df["output_tokens"] = p, o
+                notes.append(f"clipped {int(over.sum())} request(s) to {opts.max_context} tokens")
+    if spec.num_requests is not None and len(df) > spec.num_requests:
+        df = df.iloc[: spec.num_requests]
+        notes.append(f"first {spec.num_requests} requests kept")
+    if opts.class_from is not None:
+        if opts.class_from not in df.columns:
+            raise WorkloadError(
+                f"{spec.trace}: replay.class_from={opts.class_from!r}, "
+                "but the trace has no such column"
+            )
+        labels = df[opts.class_from].astype(str)
+        df["class"] = [opts.class_map.get(v, opts.default_class).value for v in labels]
+    if opts.model_map and "model" in df.columns:
+        df["model"] = [opts.model_map.get(m, m) for m in df["model"].astype(str)]
+    if len(df) == 0:
+        raise WorkloadError(f"{spec.trace}: no request left to replay after the replay options")
+    return df.reset_index(drop=True)
+
+
+def _from_table(
+    df: pd.DataFrame, spec: WorkloadSpec, rngs: _Rngs, notes: list[str]
+) -> list[Request]:
+    rules = spec.rules()
+    n = len(df)
+    arrival = df["arrival_s"].to_numpy(dtype=np.float64)
+    prompt = df["prompt_tokens"].to_numpy()
+    output = df["output_tokens"].to_numpy()
+    if "class" in df.columns:
+        raw = df["class"].astype(str).str.strip().str.lower()
+        bad = ~raw.isin(["rt", "be"])
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise WorkloadError(
+                f"{spec.trace}: request {i}: class must be rt or be ({raw.iloc[i]!r}); "
+                "map labels with replay.class_map"
+            )
+        classes = [RequestClass(v) for v in raw]
+    else:
+        classes = [spec.replay.default_class] * n
+    model = df["model"].astype(str).tolist() if "model" in df.columns else ["default"] * n
+    prio = df["priority"].to_numpy(dtype=np.float64) if "priority" in df.columns else None
+    cols = {
+        k: df[k].to_numpy(dtype=np.float64)
+        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s")
+        if k in df.columns
+    }
+    speeds = spec.qoe.speeds(rngs.speed, n)
 
     def pick(col: str, i: int, default: float | None) -> float | None:
-        arr = t.slo.get(col)
+        arr = cols.get(col)
         if arr is None or np.isnan(arr[i]):
             return default
         return float(arr[i])
 
-    for i in range(t.arrival.size):
-        c = RequestClass(t.req_class[i]) if t.req_class is not None else RequestClass.RT
-        rule = spec.rule(c)
-        slo = SLO(
-            pick("ttft_slo_s", i, rule.ttft_s),
-            pick("tpot_slo_s", i, rule.tpot_s),
-            pick("deadline_s", i, rule.deadline_s),
-        )
-        p = int(t.prompt[i])
+    out: list[Request] = []
+    for i in range(n):
+        c = classes[i]
+        rule = rules[c]
+        p = int(prompt[i])
         try:
             out.append(
                 Request(
                     req_id=i,
-                    arrival=float(t.arrival[i]),
+                    arrival=float(arrival[i]),
                     num_prompt_tokens=p,
-                    true_output_len=int(t.output[i]),
+                    true_output_len=int(output[i]),
                     req_class=c,
-                    priority=rule.priority
-                    if t.priority is None or np.isnan(t.priority[i])
-                    else int(t.priority[i]),
-                    model=t.model[i] if t.model is not None else "default",
-                    slo=slo,
-                    qoe=spec.qoe.spec(p),
+                    priority=rule.priority if prio is None or np.isnan(prio[i]) else int(prio[i]),
+                    model=model[i],
+                    slo=SLO(
+                        pick("ttft_slo_s", i, rule.ttft_s),
+                        pick("tpot_slo_s", i, rule.tpot_s),
+                        pick("deadline_s", i, rule.deadline_s),
+                    ),
+                    qoe=QoESpec(spec.qoe.ttft(p), float(speeds[i])),
                 )
             )
         except ValueError as e:
-            raise WorkloadError(f"{spec.trace}: line {i + 2}: {e}") from e
+            raise WorkloadError(f"{spec.trace}: request {i}: {e}") from e
     return out
+
+
+def batch_job_requests(
+    jobs: BatchJobs,
+    spec: WorkloadSpec,
+    rng: np.random.Generator,
+    *,
+    first_id: int,
+    at: float,
+    max_context: int | None,
+) -> list[Request]:
+    """One batch of best-effort requests submitted at ``at`` (ids from ``first_id``)."""
+    mix = get_mix(jobs.mix)
+    prompts, outputs = mix.sample(rng, rng, jobs.batch_size)
+    prompts, outputs = _clip(prompts, outputs, spec.max_context or max_context)
+    rule = spec.rule(jobs.req_class)
+    slo = rule.slo()
+    return [
+        Request(
+            req_id=first_id + i,
+            arrival=at,
+            num_prompt_tokens=int(prompts[i]),
+            true_output_len=int(outputs[i]),
+            req_class=jobs.req_class,
+            priority=rule.priority,
+            slo=slo,
+            qoe=spec.qoe.spec(int(prompts[i])),
+        )
+        for i in range(jobs.batch_size)
+    ]
