@@ -145,3 +145,76 @@ def test_edf_preempts_lower_ranked_request_when_memory_is_short() -> None:
     # together they need 28 > 20 tokens: lax, ranked lower, is the one evicted
     assert lax.num_preemptions >= 1 and urgent.num_preemptions == 0
     assert urgent.finish_time < lax.finish_time
+
+
+@pytest.mark.parametrize("multi_step", [True, False])
+def test_tokens_before_the_horizon_are_delivered(multi_step: bool) -> None:
+    # one long decode run crossing the horizon: the fast path must not swallow the
+    # iterations that ended before it
+    inst = make_instance("vllm", multi_step=multi_step)
+    r = req(0, 0.0, 10, 1000)
+    inst.env.schedule(0.0, lambda: inst.add_request(r), 0)
+    inst.env.schedule(1.0, lambda: None, 5)  # the runner's horizon event
+    inst.env.run(until=1.0)
+    assert inst.abort_all() == 1
+    assert r.num_output_tokens == 99  # 0.01 s prefill, then one token every 0.01 s
+    assert inst.busy_time == pytest.approx(1.0)
+
+
+def test_a_reused_instance_ignores_the_stale_completion_of_an_aborted_batch() -> None:
+    inst = make_instance("vllm", multi_step=False)
+    a = req(0, 0.0, 10, 50)
+    inst.env.schedule(0.0, lambda: inst.add_request(a), 0)
+    inst.env.run(until=0.005)  # a's prefill is in flight until 0.01
+    inst.abort_all()
+    b = req(1, 0.006, 10, 3)
+    inst.env.schedule(0.006, lambda: inst.add_request(b), 0)
+    inst.env.run()
+    np.testing.assert_allclose(times(inst, b), [0.016, 0.026, 0.036])
+
+
+@pytest.mark.parametrize(
+    ("policy", "predictor"),
+    [("vllm-ef", "constant:2"), ("sarathi-ef", "constant:2"), ("vllm-ef", "constant:200"), ("sarathi-ef", "max-tokens")],
+)
+def test_eviction_free_variants_survive_wrong_predictions(policy: str, predictor: str) -> None:
+    # under-prediction: requests outgrow their reservation and must be evicted, not stall;
+    # over-prediction: a reservation larger than M must not block admission forever
+    reqs = [req(i, 0.0, 5, 6) for i in range(4)]
+    inst = make_instance(policy, M=40, block_size=1, predictor=predictor)
+    run(inst, reqs)
+    assert all(r.status is RequestStatus.FINISHED for r in reqs)
+
+
+def test_no_eviction_unless_it_makes_room() -> None:
+    from sloserve.core.request import SLO
+
+    # H (urgent) holds 25 of 50 tokens; U needs 40: evicting L (lax) cannot make room,
+    # so L is evicted only when H's own growth needs it, not for U's sake every iteration
+    inst = make_instance("edf", M=50, block_size=1, params={"watermark": 0.0})
+    H = req(0, 0.0, 25, 20, slo=SLO(deadline_s=0.5))
+    L = req(1, 0.0, 15, 20, slo=SLO(deadline_s=100))
+    U = req(2, 0.005, 40, 5, slo=SLO(deadline_s=1.0))
+    run(inst, [H, L, U])
+    assert L.num_preemptions <= 1 and H.num_preemptions == 0 and U.num_preemptions == 0
+
+
+def test_victims_always_rank_below_the_candidate() -> None:
+    # decode-first: a low-priority decode must not evict a high-priority partial prefill
+    inst = make_instance("sarathi", M=120, P=4, block_size=1, params={"watermark": 0.0, "order": "priority"})
+    low = req(0, 0.0, 30, 80, priority=5)
+    high = req(1, 0.085, 80, 5, priority=0)
+    run(inst, [low, high])
+    assert high.num_preemptions == 0
+    assert high.finish_time < low.finish_time
+
+
+def test_swapped_requests_block_new_prompts_under_prefill_priority() -> None:
+    # vLLM v0: while anything is swapped out, no new prompt is admitted
+    cost = ConstantCostModel(0.01)
+    inst = make_instance("vllm", cost=cost, M=14, block_size=1, cpu_blocks=14, params={"preemption_mode": "swap"})
+    a, b = req(0, 0.0, 5, 6), req(1, 0.0, 5, 6)
+    c = req(2, 0.031, 2, 2)  # arrives while b is swapped out; it would fit
+    run(inst, [a, b, c])
+    assert b.num_swaps == 1
+    assert c.first_scheduled >= a.finish_time  # waited for b to come back in

@@ -75,3 +75,15 @@ def test_blocks_are_conserved_under_any_operation_sequence(
         kv.check_invariants()
         used = sum(kv.num_request_blocks(r) for r in range(6))
         assert used + kv.num_free_blocks == 16
+
+
+def test_a_swapped_request_cannot_grow_on_the_gpu() -> None:
+    import pytest
+
+    from sloserve.engine.kv import KVInvariantError
+
+    kv = PagedKVManager(num_blocks=4, block_size=2, cpu_blocks=4)
+    kv.allocate(1, 3)
+    kv.swap_out(1)
+    with pytest.raises(KVInvariantError):
+        kv.allocate(1, 1)

@@ -74,3 +74,46 @@ def test_qoe_is_in_unit_interval_and_matches_the_recurrence(
     assert 0.0 <= q <= 1.0
     if now is None:
         assert q == pytest.approx(_reference(0.0, d, t0, s), abs=1e-9)
+
+
+def test_in_flight_scoring_never_charges_tokens_beyond_the_output_length() -> None:
+    # 3-token request, first token on time, aborted 10 s later at 4.8 tokens/s
+    capped = andes_qoe(0.0, [1.0], 1.0, 4.8, now=11.0, total_tokens=3)
+    uncapped = andes_qoe(0.0, [1.0], 1.0, 4.8, now=11.0)
+    assert uncapped < capped
+    # capped: A = 1, 11, 11; T = 1, 1.208, 1.417
+    t = [1.0, 1.0 + 1 / 4.8, 1.0 + 2 / 4.8]
+    a = [1.0, 11.0, 11.0]
+    expect = 1 - sum(x - y for x, y in zip(a, t, strict=True)) / sum(11.0 - y for y in t)
+    assert capped == pytest.approx(expect)
+
+
+def _reference_in_flight(arrival: float, d: list[float], t0: float, s: float, now: float) -> float:
+    """The issue's in-flight rule, token by token."""
+    d = [x for x in d if x <= now]
+    t1 = arrival + t0
+    a: list[float] = []
+    for i, di in enumerate(d):
+        a.append(max(di, t1) if i == 0 else max(di, a[-1] + 1 / s))
+    n = len(d)
+    if now >= t1:
+        expected = int((now - t1) * s + 1e-9) + 1
+        for _ in range(n, expected):
+            a.append(max(now, a[n - 1]) if n else now)
+    if not a:
+        return 1.0
+    ideal = [t1 + i / s for i in range(len(a))]
+    whole = sum(a[-1] - t for t in ideal)
+    return 1.0 if whole <= 0 else 1 - sum(x - t for x, t in zip(a, ideal, strict=True)) / whole
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    gaps=st.lists(st.floats(0, 5), min_size=0, max_size=30),
+    t0=st.floats(0, 3),
+    s=st.floats(0.5, 20),
+    now=st.floats(0, 60),
+)
+def test_in_flight_qoe_matches_the_rule_token_by_token(gaps: list[float], t0: float, s: float, now: float) -> None:
+    d = list(np.cumsum(gaps)) if gaps else []
+    assert andes_qoe(0.0, d, t0, s, now=now) == pytest.approx(_reference_in_flight(0.0, d, t0, s, now), abs=1e-9)

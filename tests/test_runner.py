@@ -69,3 +69,22 @@ def test_kv_capacity_from_gpu_memory() -> None:
     assert p.kv_capacity_tokens(0.5) < p.kv_capacity_tokens(0.9)
     with pytest.raises(ConfigError):
         p.kv_capacity_tokens(0.1)  # weights don't fit
+
+
+def test_horizon_after_the_last_finish_changes_nothing() -> None:
+    cfg = SimConfig(workload=WorkloadSpec(duration_s=20, seed=1))
+    a = simulate(cfg).summary
+    b = simulate(cfg.model_copy(update={"horizon_s": 1000.0})).summary
+    for k in ("simulated_seconds", "throughput_tokens_per_s", "busy_fraction", "iterations", "finished"):
+        assert a[k] == b[k], k
+    c = simulate(cfg.model_copy(update={"horizon_s": 10.0})).summary
+    assert c["simulated_seconds"] == 10.0 and c["aborted"] > 0
+    assert c["busy_fraction"] <= 1.0
+
+
+def test_chunk_size_is_p_only_for_chunked_policies() -> None:
+    cfg = SimConfig(workload=WorkloadSpec(duration_s=20, seed=1), instance=InstanceConfig(chunk_size=256))
+    res = compare(cfg, ["vllm", "sarathi"])
+    assert res["vllm"].summary["rejected"] == 0  # whole prompts, P = C
+    assert res["vllm"].summary["limits"]["max_prefill_tokens"] == 4096
+    assert res["sarathi"].summary["limits"]["max_prefill_tokens"] == 256

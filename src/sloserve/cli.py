@@ -50,6 +50,60 @@ TraceOpt = Annotated[
         "class,priority,model,ttft_slo_s,tpot_slo_s,deadline_s.",
     ),
 ]
+TraceFormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--trace-format", help="Trace format: sloserve, azure, burstgpt, sharegpt, table."
+    ),
+]
+TraceUseOpt = Annotated[
+    str | None,
+    typer.Option("--trace-use", help="replay the trace, or draw (prompt, output) lengths from it."),
+]
+ColumnsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--columns",
+        help="Format 'table': name=column pairs, "
+        "e.g. arrival_s=ts,prompt_tokens=in,output_tokens=out.",
+    ),
+]
+StrictOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--strict/--no-strict", help="Unsorted trace arrivals: error, or sort with a note."
+    ),
+]
+KeepFailOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--keep-failures", help="BurstGPT: keep 0-response rows (they are an error then)."
+    ),
+]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option("--tokenizer", help="ShareGPT: local tokenizer.json (default: 1.3 tokens/word)."),
+]
+SpeedupOpt = Annotated[
+    float | None, typer.Option("--speedup", help="Replay the trace k times faster.")
+]
+WinStartOpt = Annotated[
+    float | None, typer.Option("--window-start", help="Replay from this trace time (s).")
+]
+WinEndOpt = Annotated[
+    float | None, typer.Option("--window-end", help="Replay until this trace time (s).")
+]
+SampleOpt = Annotated[
+    float | None, typer.Option("--sample", help="Replay this fraction of the trace.")
+]
+MaxCtxOpt = Annotated[
+    int | None, typer.Option("--max-context", help="Clip prompt+output to this many tokens.")
+]
+SloOpt = Annotated[str | None, typer.Option("--slo", help="SLO rules preset: bros, qlm, none.")]
+ReadingOpt = Annotated[
+    str | None,
+    typer.Option("--reading-speed", help="QoE tokens/s: a number, 'reading' or 'listening'."),
+]
 ArrivalOpt = Annotated[
     str | None, typer.Option("--arrival", help="Arrival process: poisson, gamma, bursty, constant.")
 ]
@@ -134,7 +188,41 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "predictor": ("instance", "predictor"),
     "cost_model": ("instance", "cost_model"),
     "horizon": ("horizon_s",),
+    "trace_format": ("workload", "trace_format"),
+    "trace_use": ("workload", "trace_use"),
+    "columns": ("workload", "trace_columns"),
+    "strict": ("workload", "strict"),
+    "keep_failures": ("workload", "drop_failures"),
+    "tokenizer": ("workload", "tokenizer"),
+    "speedup": ("workload", "replay", "speedup"),
+    "window_start": ("workload", "replay", "start_s"),
+    "window_end": ("workload", "replay", "end_s"),
+    "sample": ("workload", "replay", "sample"),
+    "max_context": ("workload", "max_context"),
+    "slo": ("workload", "slo"),
+    "reading_speed": ("workload", "qoe", "tokens_per_s"),
 }
+
+
+def _speed(v: str) -> float | str:
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+# Flags whose value needs converting before it goes into the config.
+_CONVERT: dict[str, Any] = {
+    "columns": lambda v: _parse_columns(v),
+    "keep_failures": lambda v: not v,
+    "reading_speed": _speed,
+}
+
+
+def _parse_columns(v: str) -> dict[str, str]:
+    from sloserve.workloads.loaders import parse_columns
+
+    return parse_columns(v)
 
 
 def _build_config(
@@ -164,7 +252,11 @@ def _build_config(
         if value is None:
             continue
         if name in _FLAG_PATHS:
+            if name in _CONVERT:
+                value = _CONVERT[name](value)
             set_path(data, _FLAG_PATHS[name], str(value) if isinstance(value, Path) else value)
+            if name == "max_context":  # traces are capped by the replay options
+                set_path(data, ("workload", "replay", "max_context"), value)
             source = f"{source} + command line" if "command line" not in source else source
     arrival = (
         data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
@@ -201,6 +293,19 @@ def simulate(
     ] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
+    trace_format: TraceFormatOpt = None,
+    trace_use: TraceUseOpt = None,
+    columns: ColumnsOpt = None,
+    strict: StrictOpt = None,
+    keep_failures: KeepFailOpt = None,
+    tokenizer: TokenizerOpt = None,
+    speedup: SpeedupOpt = None,
+    window_start: WinStartOpt = None,
+    window_end: WinEndOpt = None,
+    sample: SampleOpt = None,
+    max_context: MaxCtxOpt = None,
+    slo: SloOpt = None,
+    reading_speed: ReadingOpt = None,
     arrival: ArrivalOpt = None,
     rate: RateOpt = None,
     cv: CvOpt = None,
@@ -317,6 +422,19 @@ def compare(
     ] = None,
     workload: WorkloadOpt = None,
     trace: TraceOpt = None,
+    trace_format: TraceFormatOpt = None,
+    trace_use: TraceUseOpt = None,
+    columns: ColumnsOpt = None,
+    strict: StrictOpt = None,
+    keep_failures: KeepFailOpt = None,
+    tokenizer: TokenizerOpt = None,
+    speedup: SpeedupOpt = None,
+    window_start: WinStartOpt = None,
+    window_end: WinEndOpt = None,
+    sample: SampleOpt = None,
+    max_context: MaxCtxOpt = None,
+    slo: SloOpt = None,
+    reading_speed: ReadingOpt = None,
     arrival: ArrivalOpt = None,
     rate: RateOpt = None,
     cv: CvOpt = None,
@@ -362,6 +480,146 @@ def demo(
     """Compare the built-in policies on a bursty chat workload (one Llama-2-7B / A100 replica)."""
     flags = {"duration": duration, "rate": rate, "seed": seed}
     _compare(builtin_config("demo"), config, flags, policies, out, False)
+
+
+workload_app = typer.Typer(
+    help="Inspect and export workloads (the same settings as simulate).", no_args_is_help=True
+)
+app.add_typer(workload_app, name="workload")
+
+
+def _workload_from_flags(config: Path | None, flags: dict[str, Any]) -> Any:
+    from sloserve.experiments.runner import workload_of
+
+    cfg, _ = _build_config({}, config, flags)
+    return workload_of(cfg)
+
+
+@workload_app.command("describe")
+def workload_describe(
+    config: ConfigOpt = None,
+    workload: WorkloadOpt = None,
+    trace: TraceOpt = None,
+    trace_format: TraceFormatOpt = None,
+    trace_use: TraceUseOpt = None,
+    columns: ColumnsOpt = None,
+    strict: StrictOpt = None,
+    keep_failures: KeepFailOpt = None,
+    tokenizer: TokenizerOpt = None,
+    speedup: SpeedupOpt = None,
+    window_start: WinStartOpt = None,
+    window_end: WinEndOpt = None,
+    sample: SampleOpt = None,
+    max_context: MaxCtxOpt = None,
+    slo: SloOpt = None,
+    reading_speed: ReadingOpt = None,
+    arrival: ArrivalOpt = None,
+    rate: RateOpt = None,
+    cv: CvOpt = None,
+    burst_intensity: BurstIOpt = None,
+    burst_fraction: BurstFOpt = None,
+    burst_period: BurstPOpt = None,
+    duration: DurationOpt = None,
+    num_requests: NumReqOpt = None,
+    seed: SeedOpt = None,
+    profile: ProfileOpt = None,
+    bin_s: Annotated[
+        float | None, typer.Option("--bin", help="Rate-over-time bin width (s).")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write a PNG of rate and lengths.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
+) -> None:
+    """Print a workload's statistics: count, rate over time, length percentiles, classes."""
+    from sloserve.experiments.report import _jsonable
+    from sloserve.workloads.describe import describe, plot_workload
+
+    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
+    wl = _workload_from_flags(config, flags)
+    stats = describe(wl.requests, bin_s=bin_s)
+    stats["notes"] = wl.notes
+    if wl.batch_jobs is not None:
+        stats["notes"] = [
+            *wl.notes,
+            "closed-loop batch jobs are submitted during a run: not counted here",
+        ]
+    if plot is not None:
+        plot_workload(wl.requests, plot, bin_s=bin_s)
+    if as_json:
+        sys.stdout.write(json.dumps(_jsonable(stats), indent=2) + "\n")
+        return
+    t = Table(title=f"{stats['requests']} requests over {stats['span_s']:.1f} s", show_header=True)
+    t.add_column("tokens", no_wrap=True)
+    for h in ("mean", "std", "p50", "p90", "p99", "max"):
+        t.add_column(h, justify="right", overflow="fold")
+    for key in ("prompt_tokens", "output_tokens", "total_tokens"):
+        d = stats[key]
+        t.add_row(
+            key.split("_")[0], *(f"{d[h]:.0f}" for h in ("mean", "std", "p50", "p90", "p99", "max"))
+        )
+    console.print(t)
+    rate = stats["mean_rate_per_s"]
+    cv = stats["interarrival_cv"]
+    console.print(
+        f"mean rate {rate:.3f} req/s" if rate else "all requests arrive at once",
+        f"(inter-arrival CV {cv:.2f})" if cv is not None else "",
+    )
+    rot = stats["rate_over_time"]
+    peak = max(rot["rate_per_s"]) or 1.0
+    console.print(f"rate over time, {rot['bin_s']:g} s bins (req/s):")
+    for start, r in zip(rot["start_s"], rot["rate_per_s"], strict=True):
+        console.print(f"  {start:>9.0f}  {r:8.3f}  {'#' * round(40 * r / peak)}", highlight=False)
+    console.print(
+        f"classes: {stats['classes']}  models: {stats['models']}  SLO medians: {stats['slo']}"
+    )
+    for note in stats["notes"]:
+        console.print(f"note: {note}", highlight=False)
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+@workload_app.command("export")
+def workload_export(
+    out: Annotated[Path, typer.Option("--out", help="CSV file to write (sloserve trace format).")],
+    config: ConfigOpt = None,
+    workload: WorkloadOpt = None,
+    trace: TraceOpt = None,
+    trace_format: TraceFormatOpt = None,
+    trace_use: TraceUseOpt = None,
+    columns: ColumnsOpt = None,
+    strict: StrictOpt = None,
+    keep_failures: KeepFailOpt = None,
+    tokenizer: TokenizerOpt = None,
+    speedup: SpeedupOpt = None,
+    window_start: WinStartOpt = None,
+    window_end: WinEndOpt = None,
+    sample: SampleOpt = None,
+    max_context: MaxCtxOpt = None,
+    slo: SloOpt = None,
+    reading_speed: ReadingOpt = None,
+    arrival: ArrivalOpt = None,
+    rate: RateOpt = None,
+    cv: CvOpt = None,
+    burst_intensity: BurstIOpt = None,
+    burst_fraction: BurstFOpt = None,
+    burst_period: BurstPOpt = None,
+    duration: DurationOpt = None,
+    num_requests: NumReqOpt = None,
+    seed: SeedOpt = None,
+    profile: ProfileOpt = None,
+) -> None:
+    """Write a workload as a trace CSV, to replay it exactly later (--trace FILE)."""
+    from sloserve.workloads.describe import export_trace
+
+    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
+    wl = _workload_from_flags(config, flags)
+    export_trace(wl.requests, out)
+    console.print(f"{len(wl.requests)} requests written to {out}")
+    if wl.batch_jobs is not None:
+        console.print(
+            "[yellow]closed-loop batch jobs depend on the server and are not in the file[/yellow]"
+        )
 
 
 @app.command("policies")

@@ -16,6 +16,7 @@ the same as stepping one iteration at a time; ``multi_step=False`` turns the fas
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -144,6 +145,11 @@ class Instance:
 
     # ------------------------------------------------------------------ arrivals
     @property
+    def busy(self) -> bool:
+        """An iteration is in flight."""
+        return self._pending is not None
+
+    @property
     def num_live(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
 
@@ -152,10 +158,11 @@ class Instance:
         now = self.env.now
         req.instance_id = self.instance_id
         total = req.num_prompt_tokens + req.true_output_len
+        # The last token's KV is never computed: a request holds at most I+O-1 tokens.
         reason = ""
         if self.max_context is not None and total > self.max_context:
             reason = f"prompt+output {total} tokens exceeds the model context {self.max_context}"
-        elif total > self._max_seq:
+        elif total - 1 > self._max_seq:
             reason = (
                 f"prompt+output {total} tokens exceeds what policy {self.scheduler.name!r} "
                 f"can hold ({self._max_seq} tokens)"
@@ -188,13 +195,15 @@ class Instance:
                 raise StallError(
                     f"policy {self.scheduler.name!r} scheduled nothing at t={now:.3f}s with "
                     f"{len(self.waiting)} waiting, {len(self.running)} running, "
-                    f"{len(self.swapped)} swapped requests and no future event"
+                    f"{len(self.swapped)} swapped requests and no future event "
+                    f"(KV cache: {self.kv.num_used_blocks} of {self.kv.num_blocks} blocks used; "
+                    "a policy that may not evict can deadlock when memory fills up)"
                 )
             return
         pending = self._apply(out, now)
         self._pending = pending
         self._busy = True
-        env.schedule(pending.ends[-1], self._complete, PRIO_ITERATION)
+        env.schedule(pending.ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION)
 
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
         return SchedulerViolation(self.scheduler.name, limit, detail)
@@ -276,7 +285,46 @@ class Instance:
             raise self._violation(
                 "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
             )
+        self._check_memory(out, swapping)
         return tokens, prefill, admitted
+
+    def _check_memory(self, out: SchedulerOutput, swapping: set[int]) -> None:
+        """M and the CPU tier: everything the output allocates must fit, before any change."""
+        kv = self.kv
+        bs = self.limits.block_size
+        freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
+        to_cpu = sum(
+            kv.num_request_blocks(r.req_id) for r, m in out.preempt if m is PreemptionMode.SWAP
+        )
+        cpu = getattr(kv, "cpu", None)
+        if to_cpu and (cpu is None or to_cpu > cpu.free_blocks):
+            raise self._violation(
+                "CPU swap capacity",
+                f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
+            )
+        decode_ids: list[int] = []
+        need = 0
+        scheduled_swaps: set[int] = set()
+        for r, n in out.batch:
+            rid = r.req_id
+            if rid in swapping:
+                scheduled_swaps.add(rid)
+                need += -(-(r.num_computed_tokens + n) // bs)
+            elif n == 1 and r.num_output_tokens and r.remaining_compute == 1:
+                decode_ids.append(rid)
+            else:
+                need += kv.blocks_needed(rid, n)
+        need += kv.decode_blocks_needed(decode_ids)
+        need += sum(
+            kv.swap_in_blocks_needed(r.req_id)
+            for r in out.swap_in
+            if r.req_id not in scheduled_swaps
+        )
+        free = kv.num_free_blocks + freed
+        if need > free:
+            raise self._violation(
+                "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"
+            )
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         if out.repeatable and not out.preempt and not out.swap_in:
@@ -472,19 +520,21 @@ class Instance:
         ends = _accumulate(now, durs).tolist()
         return self._record(out.batch, ends, stats.total_tokens, now, fast=True)
 
-    def _complete(self) -> None:
-        pending = self._pending
-        if pending is None:  # the run was torn down (abort_all) while this was in flight
+    def _complete(self, pending: _Pending) -> None:
+        if pending is not self._pending:  # torn down (abort_all) while it was in flight
             return
         self._pending = None
-        ends = pending.ends
+        self._retire(pending, len(pending.ends))
+        self._iterate()
+
+    def _retire(self, pending: _Pending, k: int) -> None:
+        """Deliver the first ``k`` iterations of ``pending``: tokens, finishes."""
+        ends = pending.ends[:k]
         end = ends[-1]
         first = len(self.iter_end)
         self.iter_end.extend(ends)
-        k = len(ends)
-        fast = pending.fast
         finished: list[Request] = []
-        if fast:
+        if pending.fast:
             last = first + k - 1
             for r, n in pending.batch:
                 if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1:
@@ -521,12 +571,20 @@ class Instance:
             r.finish(end)
             self.scheduler.on_finish(r, end)
             self._done(r)
-        self._iterate()
 
     # ------------------------------------------------------------------ teardown
     def abort_all(self) -> int:
         """Abort every live request (the run's horizon was reached); returns how many."""
         now = self.env.now
+        pending = self._pending
+        self._pending = None
+        if pending is not None:
+            # Iterations of a fast-forwarded run that ended by now happened: deliver them,
+            # as stepping one iteration at a time would have. The one in flight is lost.
+            done = sum(1 for e in pending.ends if e <= now)
+            if done:
+                self._retire(pending, done)
+            self.busy_time -= pending.ends[-1] - now
         live = [*self.waiting, *self.running, *self.swapped]
         for r in live:
             if r.status is RequestStatus.PREEMPTED_SWAPPED:
@@ -538,6 +596,5 @@ class Instance:
         self.waiting.clear()
         self.running.clear()
         self.swapped.clear()
-        self._pending = None
         self._busy = False
         return len(live)

@@ -94,6 +94,10 @@ class SchedulerOutput:
     repeatable: bool = False
     repeat_reserve_blocks: int = 0
 
+    def __post_init__(self) -> None:
+        if self.repeat_reserve_blocks < 0:
+            raise ValueError("repeat_reserve_blocks must be >= 0")
+
     @property
     def empty(self) -> bool:
         return not self.batch and not self.preempt and not self.swap_in
@@ -162,6 +166,8 @@ class Scheduler(ABC):
 
     default_prefill_tokens: int | None = None
     """The policy's own P when the user sets none (Sarathi: 512); None means P = C."""
+    chunked_prefill: bool = True
+    """Whether the policy splits prompts over iterations (then a user's chunk size is P)."""
 
     def max_sequence_tokens(self, limits: Limits) -> int:
         """Longest prompt+output the policy can ever serve; longer requests are rejected

@@ -178,6 +178,8 @@ class PagedKVManager(KVCacheManager):
         return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
 
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
+        if req_id in self._swapped:
+            raise KVInvariantError(f"request {req_id} is swapped out: swap it in first")
         tokens = self._tokens.get(req_id, 0) + n_new_tokens
         table = self._tables.get(req_id)
         have = len(table) if table is not None else 0
@@ -314,6 +316,9 @@ class PagedKVManager(KVCacheManager):
             seen and (min(seen) < 0 or max(seen) >= self.num_blocks)
         ):
             raise KVInvariantError(f"{len(seen)} blocks accounted for, expected {self.num_blocks}")
+        both = self._swapped.keys() & self._tables.keys()
+        if both:
+            raise KVInvariantError(f"requests {sorted(both)} hold GPU blocks and a CPU copy")
         cpu = sum(b for _t, b in self._swapped.values())
         if cpu != self.cpu.used_blocks or cpu > self.cpu.capacity_blocks:
             raise KVInvariantError(

@@ -21,7 +21,7 @@ from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import ConstantCostModel, CostModel
 from sloserve.costmodel.profile import GIB, ReplicaProfile, load_profile
-from sloserve.engine.env import PRIO_ARRIVAL, Environment
+from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.metrics.summary import request_table, summarize
@@ -133,7 +133,10 @@ def build_instance(cfg: SimConfig, env: Environment, *, check_invariants: bool =
     if m_tokens < bs:
         raise ConfigError(f"KV capacity {m_tokens} tokens is smaller than one block ({bs})")
     c = icfg.max_batch_tokens
-    p = min(icfg.chunk_size or policy.default_prefill_tokens or c, c)
+    # --chunk-size is P for chunked-prefill policies; without chunking P is the policy's
+    # own (C for the Table 1 presets), else a chunk size would cap whole prompts.
+    chunk = icfg.chunk_size if policy.chunked_prefill else None
+    p = min(chunk or policy.default_prefill_tokens or c, c)
     limits = Limits(
         max_batch_tokens=c,
         max_prefill_tokens=p,
@@ -202,10 +205,15 @@ def simulate(
     if first is not None:
         env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
+    if horizon != math.inf:
+        # An event at the horizon, so that no fast-forwarded run of iterations crosses it.
+        env.schedule(horizon, lambda: None, PRIO_CONTROL)
     env.run(until=horizon)
-    if inst.num_live:
+    aborted = inst.num_live > 0 or inst.busy
+    if aborted:
         inst.abort_all()
-    sim_s = env.now
+    # The run ends with its last event: the horizon if work was left, else the last finish.
+    sim_s = horizon if aborted else max([r.finish_time or 0.0 for r in inst.done] + [0.0])
     iter_end = np.asarray(inst.iter_end, dtype=np.float64)
     if feeder is not None:
         reqs = reqs + feeder.submitted

@@ -45,8 +45,14 @@ def andes_qoe(
     ttft_target: float,
     tokens_per_s: float,
     now: float | None = None,
+    total_tokens: int | None = None,
 ) -> float:
-    """QoE in [0, 1] of one request; ``now`` set means the request is still in flight."""
+    """QoE in [0, 1] of one request; ``now`` set means the request is still in flight.
+
+    ``total_tokens`` (the request's output length, when known) caps the tokens counted as
+    expected-but-undelivered in flight: a request is never charged for tokens it would not
+    have produced.
+    """
     if not tokens_per_s > 0:
         raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
     if not ttft_target >= 0:
@@ -61,6 +67,8 @@ def andes_qoe(
     n_total = d.size
     if now is not None and now >= t1:
         expected = math.floor((now - t1) * tokens_per_s + 1e-9) + 1
+        if total_tokens is not None:
+            expected = min(expected, total_tokens)
         if expected > d.size:
             fill = max(now, float(a[-1])) if a.size else now
             a = np.concatenate([a, np.full(expected - d.size, fill)])

@@ -60,7 +60,14 @@ def request_table(
             elif finished:
                 qoe = andes_qoe(r.arrival, t, r.qoe.ttft_s, r.qoe.tokens_per_s)
             elif r.finish_time is not None:
-                qoe = andes_qoe(r.arrival, t, r.qoe.ttft_s, r.qoe.tokens_per_s, now=r.finish_time)
+                qoe = andes_qoe(
+                    r.arrival,
+                    t,
+                    r.qoe.ttft_s,
+                    r.qoe.tokens_per_s,
+                    now=r.finish_time,
+                    total_tokens=r.true_output_len,
+                )
         slo = r.slo
         ttft_ok = _meets(slo.ttft_s, ttft, finished or n > 0)
         tpot_ok = _meets(slo.tpot_s, tpot if n > 1 else 0.0, finished)

@@ -25,13 +25,19 @@ Choices where the paper is silent (all parameters of :class:`UnifiedConfig`):
   ``single`` mode a victim must rank below the candidate (no priority inversion).
 * Eviction-free variants reserve ``prompt + predicted_output - 1`` tokens per admitted
   request (the paper's I+O-1) using the instance's output-length predictor.
-* Swapped requests (``preemption_mode=swap``) are resumed before new admissions, as vLLM
-  v0 does.
+* Swapped requests (``preemption_mode=swap``) are resumed before new admissions. With
+  prefill priority no new prompt is admitted while any request is swapped out (vLLM v0's
+  default scheduler); with decode priority new prompts still fill the leftover budget
+  (vLLM v0's chunked-prefill scheduler).
+* A victim always ranks below its candidate (in every group mode), and lower-ranked
+  requests are evicted only when evicting all of them would make room.
+* Eviction-free variants still evict a running request that outgrew its reservation (a
+  predictor under-predicted its output); with the ``oracle`` predictor that never happens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -98,6 +104,7 @@ class UnifiedScheduler(Scheduler):
         self.name = name
         self.config = config
         self.default_prefill_tokens = config.prefill_tokens
+        self.chunked_prefill = config.chunked_prefill
 
     def describe(self) -> dict[str, object]:
         d: dict[str, object] = {"name": self.name}
@@ -145,10 +152,12 @@ class UnifiedScheduler(Scheduler):
             allr = [*view.running, *view.swapped, *view.waiting]
             return [(sorted(allr, key=key or _arrival_rank), False)]
         running = srt(view.running)
+        # vLLM v0 admits no new prompt while any request is swapped out.
+        waiting = srt(view.waiting) if not view.swapped else []
         if mode == "prefill-first" and not self.config.chunked_prefill:
             # Without chunking every (re)fill completes in one iteration, so between
             # iterations every running request is decoding.
-            return [(srt(view.swapped), False), (srt(view.waiting), False), (running, True)]
+            return [(srt(view.swapped), False), (waiting, False), (running, True)]
         decodes: list[Request] = []
         prefills: list[Request] = []
         for r in running:
@@ -158,7 +167,7 @@ class UnifiedScheduler(Scheduler):
             else:
                 prefills.append(r)
         if mode == "prefill-first":
-            return [(srt(view.swapped), False), (srt(view.waiting), False), (running, not prefills)]
+            return [(srt(view.swapped), False), (waiting, False), (running, not prefills)]
         return [
             (decodes, True),
             (prefills, False),
@@ -203,7 +212,9 @@ class UnifiedScheduler(Scheduler):
         swap_in: list[Request] = []
         batch_decode: bool | None = None
         running_decodes = steady_prefills = repeat_reserve = 0
-        victims = _Victims(self, view, rank_key) if cfg.evict else None
+        # Eviction-free variants evict only a running request that outgrew its reservation
+        # (a predictor that under-predicted): waiting forever would stall the replica.
+        victims = _Victims(view, rank_key) if cfg.evict or cfg.eviction_free else None
         # One ranked group has no "next group": a candidate that cannot run is skipped.
         skip_on_fail = cfg.groups == "single"
         hybrid = cfg.hybrid
@@ -268,15 +279,18 @@ class UnifiedScheduler(Scheduler):
                     if status is RUNNING:
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
-                # step 4: evict lower-ranked running requests while M is short
+                # step 4: evict lower-ranked running requests while M is short, but only
+                # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
                     may_evict = victims is not None and (not joining or cfg.evict_for_waiting)
-                    while need + margin > st.free_blocks and may_evict:
+                    if may_evict:
                         assert victims is not None
-                        victim = victims.pick(cand, in_batch, st.gone)
-                        if victim is None:
-                            break
-                        self._evict(victim, kv, st)
+                        room = st.free_blocks + victims.capacity(cand, in_batch, st, kv)
+                        while need + margin > st.free_blocks and room >= need + margin:
+                            victim = victims.pick(cand, in_batch, st.gone)
+                            if victim is None:
+                                break
+                            self._evict(victim, kv, st)
                     if need + margin > st.free_blocks:
                         if status is RUNNING and may_evict:
                             self._evict(cand, kv, st)
@@ -336,8 +350,10 @@ class UnifiedScheduler(Scheduler):
 
     # -------------------------------------------------------------- helpers
     def _reservation(self, r: Request, view: InstanceView) -> int:
-        """Blocks for I+O-1 tokens, the most the request can ever hold."""
+        """Blocks for I+O-1 tokens, the most the request can ever hold (capped at what the
+        policy can hold at all, so an over-predicting predictor cannot block admission)."""
         tokens = r.num_prompt_tokens + max(view.predictor.predict(r), r.num_output_tokens + 1) - 1
+        tokens = min(tokens, self.max_sequence_tokens(view.limits))
         return -(-tokens // view.limits.block_size)
 
 
@@ -358,27 +374,36 @@ class _State:
 
 
 class _Victims:
-    """Running requests from the lowest rank up, sorted only if an eviction is needed."""
+    """Running requests from the lowest rank up, sorted only if an eviction is needed.
+
+    A victim always ranks below the candidate (no priority inversion): when none does, a
+    running candidate evicts itself, as vLLM does.
+    """
 
     def __init__(
-        self,
-        sched: UnifiedScheduler,
-        view: InstanceView,
-        rank_key: Callable[[Request], tuple[float, float, int]],
+        self, view: InstanceView, rank_key: Callable[[Request], tuple[float, float, int]]
     ) -> None:
-        self.single = sched.config.groups == "single"
         self.view = view
         self.rank_key = rank_key
         self._order: list[Request] | None = None
 
-    def pick(self, cand: Request, in_batch: set[int], gone: set[int]) -> Request | None:
+    def _eligible(self, cand: Request, in_batch: set[int], gone: set[int]) -> Iterator[Request]:
         if self._order is None:
             self._order = sorted(self.view.running, key=self.rank_key, reverse=True)
-        cand_rank = self.rank_key(cand) if self.single else None
+        cand_rank = self.rank_key(cand)
         for v in self._order:
             if v.req_id in gone or v.req_id in in_batch or v is cand:
                 continue
-            if cand_rank is not None and self.rank_key(v) <= cand_rank:
-                return None  # everything left ranks above the candidate
-            return v
-        return None
+            if self.rank_key(v) <= cand_rank:
+                return  # everything left ranks above the candidate
+            yield v
+
+    def pick(self, cand: Request, in_batch: set[int], gone: set[int]) -> Request | None:
+        return next(self._eligible(cand, in_batch, gone), None)
+
+    def capacity(self, cand: Request, in_batch: set[int], st: _State, kv: KVCacheManager) -> int:
+        """Blocks that evicting every eligible victim would free."""
+        return sum(
+            kv.num_request_blocks(v.req_id) + st.promised.get(v.req_id, 0)
+            for v in self._eligible(cand, in_batch, st.gone)
+        )

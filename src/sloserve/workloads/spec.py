@@ -312,6 +312,13 @@ def build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Wor
         )
         notes.extend(table.notes)
         if spec.trace_use == "replay" and table.has_arrivals:
+            unused = [
+                f
+                for f in ("mix", "arrival", "prompt", "output", "classes")
+                if f in spec.model_fields_set
+            ]
+            if unused:
+                notes.append(f"replaying {table.source}: {', '.join(unused)} not used")
             df = apply_replay(table, spec, rngs.sample, notes)
             return Workload(_from_table(df, spec, rngs, notes), notes, spec.batch_jobs)
         if spec.trace_use == "replay":
