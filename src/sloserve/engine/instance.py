@@ -363,6 +363,7 @@ class Instance:
             bisect.insort(self.running, r, key=_arrival_key)
 
         batch = out.batch
+        kv_before = kv.num_used_blocks
         n_prefill_seqs = work = ctx = 0
         decode_ids: list[int] = []
         allocate = kv.allocate
@@ -406,7 +407,7 @@ class Instance:
         if not dur > 0:
             raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {dur}s")
         ends = [now + dur]
-        return self._record(batch, ends, tokens, now, fast=False)
+        return self._record(batch, ends, tokens, now, kv_before, fast=False)
 
     def _record(
         self,
@@ -414,16 +415,19 @@ class Instance:
         ends: list[float],
         tokens: int,
         now: float,
+        kv_used: int,
         *,
         fast: bool,
     ) -> _Pending:
+        """Sample the trace (KV use as the decision found it, before the batch grows it:
+        the same in single steps and fast-forwarded runs) and build the pending batch."""
         kv = self.kv
         tr = self.trace
         tr.time.append(now)
         tr.running.append(len(self.running))
         tr.waiting.append(len(self.waiting))
         tr.swapped.append(len(self.swapped))
-        tr.kv_used_blocks.append(kv.num_used_blocks)
+        tr.kv_used_blocks.append(kv_used)
         tr.batch_size.append(len(batch))
         tr.batch_tokens.append(tokens)
         tr.steps.append(len(ends))
@@ -507,6 +511,7 @@ class Instance:
             )
         kv = self.kv
         k = run.k
+        kv_before = kv.num_used_blocks
         ok = kv.grow_many(run.decode_ids, k)
         for r, n in run.prefills:
             ok = ok and kv.allocate(r.req_id, k * n) is not None
@@ -518,7 +523,7 @@ class Instance:
                 "batch", f"cost model {self.cost_model.name!r} priced the batch at {durs[0]}s"
             )
         ends = _accumulate(now, durs).tolist()
-        return self._record(out.batch, ends, stats.total_tokens, now, fast=True)
+        return self._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
