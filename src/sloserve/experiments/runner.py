@@ -24,7 +24,8 @@ from sloserve.costmodel.profile import GIB, ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
-from sloserve.metrics.summary import request_table, summarize
+from sloserve.metrics.qoe import consumption_times
+from sloserve.metrics.summary import request_table, summarize, token_times
 from sloserve.policies.registry import make_policy
 from sloserve.workloads.spec import (
     BatchJobs,
@@ -86,6 +87,20 @@ class RunResult:
     summary: dict[str, Any]
     trace: pd.DataFrame
     iter_end: np.ndarray = field(repr=False)
+
+    def timeline(self, req_id: int) -> pd.DataFrame:
+        """One request's token timeline: when each token was delivered, when its user
+        consumes it at their reading speed (Andes' pacer), and when they expected it."""
+        req = next((r for r in self.requests if r.req_id == req_id), None)
+        if req is None:
+            raise ConfigError(f"no request {req_id} in this run")
+        delivered = token_times(req, self.iter_end)
+        out = pd.DataFrame({"token": np.arange(1, delivered.size + 1), "delivered_s": delivered})
+        if req.qoe is not None:
+            q = req.qoe
+            out["consumed_s"] = consumption_times(req.arrival, delivered, q.ttft_s, q.tokens_per_s)
+            out["expected_s"] = req.arrival + q.ttft_s + np.arange(delivered.size) / q.tokens_per_s
+        return out
 
 
 def _cost_model(cfg: InstanceConfig, profile: ReplicaProfile) -> CostModel:
