@@ -24,7 +24,9 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--simulate", action="store_true", help="also simulate the whole trace")
     ap.add_argument("--profile", default="llama-2-70b-a100x2")

@@ -1,15 +1,18 @@
 #!/usr/bin/env python
-"""Fit the built-in replica profiles to Vidur's measured operator timings and write them.
+"""Fit the calibrated replica profiles to Vidur's measured operator timings and write them.
 
 Usage (from the repository root)::
 
-    .venv/bin/python scripts/fit_vidur_profiles.py            # rewrite the two YAML files
-    .venv/bin/python scripts/fit_vidur_profiles.py --check    # exit 1 if they are stale
+    .venv/bin/python scripts/fit_vidur_profiles.py            # rewrite the profile YAML files
+    .venv/bin/python scripts/fit_vidur_profiles.py --check    # exit 1 if any is stale
+    .venv/bin/python scripts/fit_vidur_profiles.py --validate # also print the roofline table
 
-The timings are the Vidur project's public profiling data (microsoft/vidur, MIT licence),
-read from ``../shared/vidur-profiling`` relative to the repository root; they are not part
-of this repository. The choices behind every fitted term are documented in
-:mod:`sloserve.costmodel.fit`.
+One profile per model/GPU pair in Vidur's data (``compute/<gpu>/<org>/<model>/mlp.csv``),
+named ``<model>-<gpu>[x<tp>]`` (e.g. ``llama-2-7b-a100``, ``qwen-72b-a100x4``). The timings
+are the Vidur project's public profiling data (microsoft/vidur, MIT licence), read from
+``../shared/vidur-profiling`` relative to the repository root; they are not part of this
+repository. The choices behind every term are documented in
+:mod:`sloserve.costmodel.calibrate` and :mod:`sloserve.costmodel.fit`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from sloserve.costmodel.fit import fit_builtin_profiles
+from sloserve.costmodel.calibrate import calibrate_all, format_table, validate_roofline
 from sloserve.costmodel.profile import ReplicaProfile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -36,15 +39,17 @@ HEADER = (
 
 def render(profile: ReplicaProfile) -> str:
     """The YAML text of one profile (header comment + fields in schema order)."""
-    data: dict[str, Any] = profile.model_dump(mode="json")
+    data: dict[str, Any] = profile.model_dump(mode="json", exclude_defaults=False)
     body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
     return HEADER + body
 
 
 def summary(profile: ReplicaProfile) -> str:
-    """A few headline numbers: M, prefill throughput and decode step times."""
+    """A few headline numbers: M, prefill throughput, decode step times and fit errors."""
     cm = profile.cost_model()
-    lines = [f"{profile.name}: M(0.9) = {profile.kv_capacity_tokens(0.9):,} tokens"]
+    lines = [
+        f"{profile.name}: TP {profile.tp}, M(0.9) = {profile.kv_capacity_tokens(0.9):,} tokens"
+    ]
     for t in (512, 2048):
         s = cm.prefill_time(t)
         lines.append(f"  prefill {t:>5} tokens: {s * 1e3:8.2f} ms  ({t / s:,.0f} tokens/s)")
@@ -58,11 +63,14 @@ def summary(profile: ReplicaProfile) -> str:
             f"  {name}{tag}: held-out median rel err {g['median_rel_err']:.1%}, "
             f"p90 {g['p90_rel_err']:.1%}, R² {g['r2']:.4f}"
         )
+    for name in profile.fit_report.get("derived_terms", {}):
+        lines.append(f"  {name}: derived from the roofline (no measurements)")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """Entry point; returns the exit status."""
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument(
         "--vidur-dir",
         type=Path,
@@ -75,19 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_OUT_DIR,
         help="where to write <profile>.yaml (default: src/sloserve/costmodel/profiles)",
     )
-    ap.add_argument(
-        "--attention-scaling",
-        choices=("flops", "kv-bytes"),
-        default="flops",
-        help="how the 7B attention is derived from the 70B TP2 fit (see sloserve.costmodel.fit)",
-    )
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
+    ap.add_argument(
+        "--validate", action="store_true", help="print the roofline-vs-Vidur error table"
+    )
+    ap.add_argument("--quiet", action="store_true", help="no per-profile summaries")
     args = ap.parse_args(argv)
 
     if not args.vidur_dir.is_dir():
         print(f"error: Vidur profiling data not found at {args.vidur_dir}", file=sys.stderr)
         return 2
-    profiles = fit_builtin_profiles(args.vidur_dir, attention_scaling=args.attention_scaling)
+    profiles = calibrate_all(args.vidur_dir)
     stale = []
     for name, profile in profiles.items():
         path = args.out_dir / f"{name}.yaml"
@@ -99,7 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path}")
-        print(summary(profile))
+        if not args.quiet:
+            print(summary(profile))
+    if args.validate:
+        print()
+        print("Roofline (default parameters) vs Vidur's measurements, relative error:")
+        print(format_table(validate_roofline(args.vidur_dir)))
     if stale:
         print("stale: " + ", ".join(str(p) for p in stale), file=sys.stderr)
         return 1

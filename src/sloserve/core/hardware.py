@@ -62,8 +62,7 @@ class ModelSpec(BaseModel):
     def _check(self) -> ModelSpec:
         if self.experts_per_token > self.num_experts:
             raise ValueError(
-                f"experts_per_token ({self.experts_per_token}) > num_experts "
-                f"({self.num_experts})"
+                f"experts_per_token ({self.experts_per_token}) > num_experts ({self.num_experts})"
             )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
@@ -74,6 +73,7 @@ class ModelSpec(BaseModel):
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head (``hidden_size / num_heads``)."""
         return self.hidden_size // self.num_heads
 
     @property
@@ -92,12 +92,18 @@ class ModelSpec(BaseModel):
 
     def kv_bytes_per_token_tp(self, tp: int) -> int:
         """KV bytes of one token over the whole replica at ``tp`` (replication included)."""
-        return 2 * self.num_layers * self.kv_heads_per_gpu(tp) * tp * self.head_dim * (
-            self.dtype_bytes
+        return (
+            2
+            * self.num_layers
+            * self.kv_heads_per_gpu(tp)
+            * tp
+            * self.head_dim
+            * (self.dtype_bytes)
         )
 
     @property
     def weight_bytes(self) -> float:
+        """Bytes of all weights (``params_b`` × dtype bytes)."""
         return self.params_b * 1e9 * self.dtype_bytes
 
     def layer_params(self) -> int:

@@ -863,3 +863,920 @@ def fit_builtin_profiles(
         },
     )
     return {p7.name: p7, p70.name: p70}
+
+
+# --------------------------------------------------------------------------- profile CSVs
+
+CSV_INPUT_COLUMNS: tuple[str, ...] = (
+    "num_prefill_tokens",
+    "num_prefill_seqs",
+    "prefill_attn_work",
+    "num_decode",
+    "decode_context_sum",
+)
+"""The :class:`BatchStats` aggregates of a measured iteration (required, integers ≥ 0)."""
+
+CSV_TIME_COLUMN = "time_s"
+"""Seconds of one measured iteration (required, > 0)."""
+
+CSV_REQUIRED_COLUMNS: tuple[str, ...] = (*CSV_INPUT_COLUMNS, CSV_TIME_COLUMN)
+
+CSV_GROUP_COLUMNS: dict[str, str] = {
+    "non_attention": "time_non_attention_s",
+    "decode_attention": "time_decode_attention_s",
+    "prefill_attention": "time_prefill_attention_s",
+    "comm": "time_comm_s",
+}
+"""Optional per-group times (seconds), by group name."""
+
+MODEL_COLUMN_PREFIX = "model_"
+DEVICE_COLUMN_PREFIX = "device_"
+
+CSV_METADATA_COLUMNS: tuple[str, ...] = (
+    "device",
+    "model",
+    "dtype",
+    "tp",
+    *(DEVICE_COLUMN_PREFIX + f for f in GPUSpec.model_fields if f != "name"),
+    *(MODEL_COLUMN_PREFIX + f for f in ModelSpec.model_fields if f != "name"),
+)
+"""Columns describing the setting; each must hold one value over the whole file."""
+
+CSV_INFO_COLUMNS: tuple[str, ...] = ("kind", "repeats", "time_min_s", "time_max_s")
+"""Informational columns the profiler writes; read by people, not by the fit."""
+
+MIN_CSV_POINTS = HOLDOUT_EVERY
+"""Fewest distinct measured batches :func:`fit_profile_table` accepts (one is held out)."""
+
+_DECODE_TERMS = ("decode_intercept", "per_decode_seq", "per_decode_kv")
+_PREFILL_TERMS = ("prefill_intercept", "per_prefill_seq", "per_prefill_work")
+_RANK_RTOL = 1e-7
+"""A column whose normalised residual against the kept columns is below this is dropped."""
+
+CSV_HOLDOUT = (
+    f"rows with identical aggregates merged (median); points sorted by their aggregates; every "
+    f"{HOLDOUT_EVERY}th (index % {HOLDOUT_EVERY} == {HOLDOUT_EVERY - 1}) held out for every "
+    "group; coefficients fitted on the rest by relative least squares; errors are "
+    "|pred − measured| / measured on the held-out points"
+)
+
+
+@dataclass(frozen=True)
+class ProfileTable:
+    """A validated measured-iteration table (the CSV format in the module docstring)."""
+
+    frame: pd.DataFrame
+    """One row per measured batch: the input columns (int64), ``time_s`` and the group
+    columns that exist (float64, NaN where not measured)."""
+    source: str
+    """The file (or ``<DataFrame>``) the rows came from, for messages."""
+    metadata: dict[str, Any]
+    """The value of every metadata column present (constant over the file)."""
+    ignored_columns: tuple[str, ...] = ()
+    """Columns that are neither measured, metadata nor informational."""
+
+
+class _LineMap:
+    """Data row index → file line (1-based; the header and blank lines count)."""
+
+    def __init__(self, lines: NDArray[np.int64]) -> None:
+        self.lines = lines
+
+    def __call__(self, idx: int) -> int:
+        return int(self.lines[idx])
+
+
+def _csv_error(source: str, line: int, column: str, msg: str) -> ConfigError:
+    return ConfigError(f"{source}: line {line}, column {column}: {msg}")
+
+
+def read_profile_csv(path: str | Path) -> ProfileTable:
+    """Read and validate a measured-iteration CSV.
+
+    Raises :class:`ConfigError` naming the file, line and column of the first problem.
+    """
+    p = Path(path)
+    try:
+        with warnings.catch_warnings():
+            # pandas only warns when a row has more fields than the header; that is an error.
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(
+                p,
+                dtype=str,
+                keep_default_na=False,
+                na_values=[""],
+                skipinitialspace=True,
+                skip_blank_lines=False,
+                index_col=False,
+            )
+    except pd.errors.ParserWarning:
+        raise ConfigError(f"{p}: a row has more fields than the header") from None
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: profile CSV not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a profile CSV") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not a readable CSV ({str(e).splitlines()[0]})") from e
+    df.columns = [str(c).strip() for c in df.columns]
+    blank = df.isna().all(axis=1).to_numpy()
+    lines = np.flatnonzero(~blank).astype(np.int64) + 2
+    df = df[~blank].reset_index(drop=True)
+    if any(c.startswith("Unnamed:") for c in df.columns):
+        raise ConfigError(f"{p}: line 1: a column has no name (or a row has too many fields)")
+    return validate_profile_frame(df, source=str(p), lines=lines)
+
+
+def _numeric(df: pd.DataFrame, col: str, source: str, line: _LineMap, required: bool) -> FloatArray:
+    raw = df[col]
+    num = pd.to_numeric(raw, errors="coerce")
+    bad = (num.isna() & raw.notna()).to_numpy()
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _csv_error(source, line(i), col, f"not a number ({raw.iloc[i]!r})")
+    out = num.to_numpy(dtype=np.float64)
+    if required and np.isnan(out).any():
+        i = int(np.flatnonzero(np.isnan(out))[0])
+        raise _csv_error(source, line(i), col, "empty cell; a value is required")
+    return out
+
+
+def _first(mask: NDArray[np.bool_]) -> int | None:
+    idx = np.flatnonzero(mask)
+    return int(idx[0]) if idx.size else None
+
+
+def validate_profile_frame(
+    df: pd.DataFrame, source: str = "<DataFrame>", lines: NDArray[np.int64] | None = None
+) -> ProfileTable:
+    """Validate a measured-iteration table already in memory (e.g. from the profiler).
+
+    ``lines`` maps each row to its file line for messages; by default row ``i`` is line
+    ``i + 2`` (a header line, no blank lines).
+    """
+    line = _LineMap(np.arange(len(df), dtype=np.int64) + 2 if lines is None else np.asarray(lines))
+    cols = [str(c) for c in df.columns]
+    missing = [c for c in CSV_REQUIRED_COLUMNS if c not in cols]
+    if missing:
+        raise ConfigError(
+            f"{source}: line 1, column(s) {', '.join(missing)}: missing; "
+            f"have {', '.join(cols) or '(none)'}"
+        )
+    if len(df) == 0:
+        raise ConfigError(f"{source}: no measured rows")
+
+    out = pd.DataFrame(index=pd.RangeIndex(len(df)))
+    ints: dict[str, NDArray[np.int64]] = {}
+    for col in CSV_INPUT_COLUMNS:
+        v = _numeric(df, col, source, line, required=True)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(v) | (v < 0) | (v != np.floor(v))
+        if (i := _first(bad)) is not None:
+            raise _csv_error(source, line(i), col, f"must be an integer >= 0 ({v[i]:g})")
+        ints[col] = v.astype(np.int64)
+        out[col] = ints[col]
+    n_p, seqs, work = (
+        ints["num_prefill_tokens"],
+        ints["num_prefill_seqs"],
+        ints["prefill_attn_work"],
+    )
+    n_d, ctx = ints["num_decode"], ints["decode_context_sum"]
+    checks: list[tuple[NDArray[np.bool_], str, str]] = [
+        (n_p + n_d == 0, "num_prefill_tokens", "an empty batch (no prefill and no decode tokens)"),
+        ((n_p == 0) & (seqs > 0), "num_prefill_seqs", "must be 0 when num_prefill_tokens is 0"),
+        ((n_p > 0) & (seqs == 0), "num_prefill_seqs", "must be >= 1 when there is prefill"),
+        (seqs > n_p, "num_prefill_seqs", "more prefill chunks than prefill tokens"),
+        ((n_p == 0) & (work > 0), "prefill_attn_work", "must be 0 when num_prefill_tokens is 0"),
+        (
+            (n_p > 0) & (work < n_p),
+            "prefill_attn_work",
+            "must be >= num_prefill_tokens (Σ c·(c + ctx) >= Σ c)",
+        ),
+        ((n_d == 0) & (ctx > 0), "decode_context_sum", "must be 0 when num_decode is 0"),
+    ]
+    for bad, col, msg in checks:
+        if (i := _first(bad)) is not None:
+            raise _csv_error(source, line(i), col, msg)
+
+    t = _numeric(df, CSV_TIME_COLUMN, source, line, required=True)
+    if (i := _first(~np.isfinite(t) | (t <= 0))) is not None:
+        raise _csv_error(source, line(i), CSV_TIME_COLUMN, f"must be a finite time > 0 ({t[i]})")
+    out[CSV_TIME_COLUMN] = t
+
+    kinds = {"decode_attention": (n_d > 0, "decode"), "prefill_attention": (n_p > 0, "prefill")}
+    parts = np.zeros(len(df))
+    for group, col in CSV_GROUP_COLUMNS.items():
+        if col not in cols:
+            continue
+        v = _numeric(df, col, source, line, required=False)
+        present = ~np.isnan(v)
+        with np.errstate(invalid="ignore"):
+            bad = present & (~np.isfinite(v) | (v < 0))
+        if (i := _first(bad)) is not None:
+            raise _csv_error(source, line(i), col, f"must be a finite time >= 0 ({v[i]})")
+        if (i := _first(present & (v > t))) is not None:
+            raise _csv_error(source, line(i), col, f"larger than time_s ({v[i]} > {t[i]})")
+        if group in kinds:
+            has, what = kinds[group]
+            if (i := _first(has & ~(v > 0))) is not None:
+                raise _csv_error(
+                    source,
+                    line(i),
+                    col,
+                    f"must be > 0 on a row with {what} ({'empty' if np.isnan(v[i]) else v[i]})",
+                )
+            if (i := _first(~has & present & (v != 0))) is not None:
+                raise _csv_error(
+                    source, line(i), col, f"must be empty or 0 on a row without {what}"
+                )
+        if group != "non_attention":
+            parts += np.nan_to_num(v)
+        out[col] = v
+    if (i := _first(parts >= t)) is not None:
+        raise _csv_error(
+            source,
+            line(i),
+            CSV_TIME_COLUMN,
+            f"not larger than the sum of the attention and comm times ({t[i]} <= {parts[i]:g})",
+        )
+
+    metadata: dict[str, Any] = {}
+    for col in CSV_METADATA_COLUMNS:
+        if col not in cols:
+            continue
+        vals = df[col]
+        keep = vals.notna() & (vals.astype(str).str.strip() != "")
+        if not keep.any():
+            continue
+        text = vals.astype(str).str.strip()
+        first = int(np.flatnonzero(keep.to_numpy())[0])
+        ref = text.iloc[first]
+        if (i := _first((keep & (text != ref)).to_numpy())) is not None:
+            raise _csv_error(
+                source,
+                line(i),
+                col,
+                f"one profile describes one setting: {text.iloc[i]!r} here, "
+                f"{ref!r} on line {line(first)}",
+            )
+        metadata[col] = vals.iloc[first]
+    known = {*CSV_REQUIRED_COLUMNS, *CSV_GROUP_COLUMNS.values(), *CSV_METADATA_COLUMNS}
+    known.update(CSV_INFO_COLUMNS)
+    ignored = tuple(c for c in cols if c not in known)
+    return ProfileTable(out, source, metadata, ignored)
+
+
+# --------------------------------------------------------------------------- CSV fitting
+
+
+def _merge_duplicates(frame: pd.DataFrame) -> pd.DataFrame:
+    """One point per distinct aggregate tuple (median of every time), sorted by aggregates."""
+    merged = frame.groupby(list(CSV_INPUT_COLUMNS), as_index=False, sort=True).median()
+    return merged.reset_index(drop=True)
+
+
+def _select_columns(x: FloatArray, y: FloatArray, order: Sequence[int]) -> list[int]:
+    """Columns of ``x`` (tried in ``order``) that are not combinations of those kept before.
+
+    Works on the relative-error-weighted, column-normalised matrix, so the test matches the
+    least-squares problem actually solved.
+    """
+    xw = x / y[:, None]
+    kept: list[int] = []
+    for j in order:
+        col = xw[:, j]
+        norm = float(np.linalg.norm(col))
+        if norm == 0:
+            continue
+        col = col / norm
+        if kept:
+            basis = xw[:, kept] / np.linalg.norm(xw[:, kept], axis=0)
+            sol, *_ = np.linalg.lstsq(basis, col, rcond=None)
+            resid = float(np.linalg.norm(col - basis @ sol))
+        else:
+            resid = 1.0
+        if resid > _RANK_RTOL**0.5:
+            kept.append(j)
+    return kept
+
+
+def _fit_terms(
+    columns: Mapping[str, FloatArray], y: FloatArray, priority: Sequence[str], signed: Sequence[str]
+) -> tuple[dict[str, float], list[str]]:
+    """Relative least squares of ``y`` on the named columns; (coefficients, dropped names).
+
+    Columns are kept in ``priority`` order while identifiable; all but ``signed`` are ≥ 0.
+    """
+    names = list(priority)
+    x = np.column_stack([columns[n] for n in names])
+    kept = _select_columns(x, y, range(len(names)))
+    coef = relative_lstsq(x[:, kept], y, [names[j] not in signed for j in kept])
+    out = dict.fromkeys(names, 0.0)
+    for j, c in zip(kept, coef, strict=True):
+        out[names[j]] = float(c)
+    return out, [n for j, n in enumerate(names) if j not in kept]
+
+
+@dataclass(frozen=True)
+class _Points:
+    """The merged points of a profile table as arrays."""
+
+    n_p: FloatArray
+    seqs: FloatArray
+    work: FloatArray
+    n_d: FloatArray
+    ctx: FloatArray
+    time: FloatArray
+
+    @property
+    def tokens(self) -> FloatArray:
+        return self.n_p + self.n_d
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame) -> _Points:
+        def col(name: str) -> FloatArray:
+            return frame[name].to_numpy(dtype=np.float64)
+
+        return cls(
+            col("num_prefill_tokens"),
+            col("num_prefill_seqs"),
+            col("prefill_attn_work"),
+            col("num_decode"),
+            col("decode_context_sum"),
+            col(CSV_TIME_COLUMN),
+        )
+
+    def subset(self, mask: NDArray[np.bool_]) -> _Points:
+        return _Points(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+
+def _predict(c: Mapping[str, float], p: _Points) -> FloatArray:
+    """:class:`LinearCostModel`'s formula, vectorised over points."""
+    tokens = p.tokens
+    t = (
+        c["intercept"]
+        + np.maximum(c["token_floor"], c["token_intercept"] + c["per_token"] * tokens)
+        + c["comm_intercept"]
+        + c["comm_per_token"] * tokens
+    )
+    dec = c["decode_intercept"] + c["per_decode_seq"] * p.n_d + c["per_decode_kv"] * p.ctx
+    pre = c["prefill_intercept"] + c["per_prefill_seq"] * p.seqs + c["per_prefill_work"] * p.work
+    out: FloatArray = t + np.where(p.n_d > 0, dec, 0.0) + np.where(p.n_p > 0, pre, 0.0)
+    return out
+
+
+def _clean(v: Any) -> Any:
+    """Report values as plain, YAML/JSON-safe Python (NaN → None, numpy → builtins)."""
+    if isinstance(v, Mapping):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_clean(x) for x in v]
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, float | np.floating):
+        f = float(v)
+        return None if not math.isfinite(f) else f
+    return v
+
+
+def _metrics(pred: FloatArray, meas: FloatArray, n_train: int) -> dict[str, Any]:
+    """Held-out error dict (the :class:`FitError` keys; None where there is no test point)."""
+    if meas.size == 0:
+        return {
+            "r2": None,
+            "median_rel_err": None,
+            "p90_rel_err": None,
+            "max_rel_err": None,
+            "n_train": n_train,
+            "n_test": 0,
+        }
+    return dict(_clean(error_report(pred, meas, n_train).as_dict()))
+
+
+def _group_fit(
+    name: str,
+    form: str,
+    target: str,
+    columns: Mapping[str, FloatArray],
+    y: FloatArray,
+    rows: NDArray[np.bool_],
+    test: NDArray[np.bool_],
+    priority: Sequence[str],
+    source: str,
+) -> tuple[dict[str, float], dict[str, Any], list[str]]:
+    train = rows & ~test
+    if not train.any():
+        raise ConfigError(
+            f"{source}: no training points for {name} (every {HOLDOUT_EVERY}th point is "
+            "held out); measure more batches of that kind"
+        )
+    sub = {k: v[train] for k, v in columns.items()}
+    coef, dropped = _fit_terms(sub, y[train], priority, signed=())
+    x_test = np.column_stack([columns[n][rows & test] for n in priority])
+    pred = x_test @ np.array([coef[n] for n in priority]) if x_test.size else np.zeros(0)
+    report: dict[str, Any] = {
+        "form": form,
+        "target": target,
+        "coefficients_s": {k: _round(v) for k, v in coef.items()},
+        "dropped": dropped,
+        **_metrics(pred, y[rows & test], int(train.sum())),
+    }
+    return coef, report, dropped
+
+
+def _fit_total_joint(p: _Points, train: NDArray[np.bool_]) -> tuple[dict[str, float], list[str]]:
+    """Every term jointly to ``time_s`` (total mode; see the module docstring)."""
+    q = p.subset(train)
+    tokens = q.tokens
+    ones = np.ones_like(tokens)
+    has_d, has_p = (q.n_d > 0).astype(np.float64), (q.n_p > 0).astype(np.float64)
+    priority = (
+        "token_floor",
+        "token_intercept",
+        "per_token",
+        "per_decode_kv",
+        "per_prefill_work",
+        "decode_intercept",
+        "prefill_intercept",
+        "per_decode_seq",
+        "per_prefill_seq",
+    )
+    zero = dict.fromkeys(LinearCoefficients.model_fields, 0.0)
+    best: tuple[float, dict[str, float], list[str]] | None = None
+    distinct = np.unique(tokens)
+    # A threshold splits the points into a flat prefix (tokens < thr) and a linear suffix.
+    for thr in [*distinct, np.inf]:
+        flat = tokens < thr
+        lin = ~flat
+        cols = {
+            "token_floor": flat * ones,
+            "token_intercept": lin * ones,
+            "per_token": lin * tokens,
+            "decode_intercept": has_d,
+            "per_decode_seq": q.n_d,
+            "per_decode_kv": q.ctx,
+            "prefill_intercept": has_p,
+            "per_prefill_seq": q.seqs,
+            "per_prefill_work": q.work,
+        }
+        coef, dropped = _fit_terms(cols, q.time, priority, signed=("token_intercept",))
+        full = {**zero, **coef}
+        loss = float(np.sum(((_predict(full, q) - q.time) / q.time) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, full, dropped)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _kind_masks(p: _Points) -> dict[str, NDArray[np.bool_]]:
+    return {
+        "decode_only": (p.n_d > 0) & (p.n_p == 0),
+        "prefill_only": (p.n_p > 0) & (p.n_d == 0),
+        "hybrid": (p.n_p > 0) & (p.n_d > 0),
+    }
+
+
+def fit_profile_table(table: ProfileTable) -> tuple[LinearCoefficients, dict[str, Any]]:
+    """Fit :class:`LinearCoefficients` to a validated table; (coefficients, report).
+
+    Per-group mode when the attention columns cover every kind of row present, else total
+    mode (module docstring, *Measured-iteration CSVs*). The report is plain data (YAML/JSON
+    safe) with the held-out R² and relative errors of every fitted group and of the total.
+    """
+    source = table.source
+    frame = _merge_duplicates(table.frame)
+    n = len(frame)
+    if n < MIN_CSV_POINTS:
+        raise ConfigError(
+            f"{source}: {n} distinct measured batches; need at least {MIN_CSV_POINTS} "
+            f"(every {HOLDOUT_EVERY}th is held out)"
+        )
+    p = _Points.of(frame)
+    test = holdout_mask(n)
+    train = ~test
+    tokens = p.tokens
+    if np.unique(tokens[train]).size < 2:
+        raise ConfigError(
+            f"{source}: the training points have one token count; the per-token cost needs "
+            "at least two (vary the chunk sizes and batch sizes)"
+        )
+    has_d, has_p = p.n_d > 0, p.n_p > 0
+    col_dec = CSV_GROUP_COLUMNS["decode_attention"]
+    col_pre = CSV_GROUP_COLUMNS["prefill_attention"]
+    col_comm = CSV_GROUP_COLUMNS["comm"]
+    dec_ok = not has_d.any() or col_dec in frame.columns
+    pre_ok = not has_p.any() or col_pre in frame.columns
+    any_attn = col_dec in frame.columns or col_pre in frame.columns
+    per_group = dec_ok and pre_ok and any_attn
+
+    def group_time(col: str) -> FloatArray:
+        if col not in frame.columns:
+            return np.zeros(n)
+        out: FloatArray = np.nan_to_num(frame[col].to_numpy(dtype=np.float64))
+        return out
+
+    coef: dict[str, float] = dict.fromkeys(LinearCoefficients.model_fields, 0.0)
+    groups: dict[str, Any] = {}
+    dropped: list[str] = []
+    notes: list[str] = []
+    if per_group:
+        ones = np.ones(n)
+        dec_t, pre_t, comm_t = group_time(col_dec), group_time(col_pre), group_time(col_comm)
+        if has_d.any():
+            c, rep, dr = _group_fit(
+                "decode attention",
+                "decode_intercept + per_decode_seq·num_decode + per_decode_kv·decode_context_sum",
+                col_dec,
+                {"decode_intercept": ones, "per_decode_seq": p.n_d, "per_decode_kv": p.ctx},
+                dec_t,
+                has_d,
+                test,
+                ("per_decode_kv", "decode_intercept", "per_decode_seq"),
+                source,
+            )
+            coef.update(c)
+            groups["decode_attention"] = rep
+            dropped += dr
+        if has_p.any():
+            c, rep, dr = _group_fit(
+                "prefill attention",
+                "prefill_intercept + per_prefill_seq·num_prefill_seqs "
+                "+ per_prefill_work·prefill_attn_work",
+                col_pre,
+                {"prefill_intercept": ones, "per_prefill_seq": p.seqs, "per_prefill_work": p.work},
+                pre_t,
+                has_p,
+                test,
+                ("per_prefill_work", "prefill_intercept", "per_prefill_seq"),
+                source,
+            )
+            coef.update(c)
+            groups["prefill_attention"] = rep
+            dropped += dr
+        comm_rows = comm_t > 0
+        if comm_rows.any():
+            c, rep, dr = _group_fit(
+                "comm",
+                "comm_intercept + comm_per_token·T",
+                col_comm,
+                {"comm_intercept": ones, "comm_per_token": tokens},
+                comm_t,
+                comm_rows,
+                test,
+                ("comm_intercept", "comm_per_token"),
+                source,
+            )
+            coef.update(c)
+            groups["comm"] = rep
+            dropped += dr
+        rest = p.time - dec_t - pre_t - comm_t
+        curve = fit_floor_line(tokens[train], rest[train])
+        coef.update(token_floor=curve.floor, token_intercept=curve.intercept, per_token=curve.slope)
+        groups["non_attention"] = {
+            "form": "max(token_floor, token_intercept + per_token·T), T = all tokens",
+            "target": "time_s − Σ(attention, comm): the remainder of each iteration",
+            "coefficients_s": {
+                "token_floor": _round(curve.floor),
+                "token_intercept": _round(curve.intercept),
+                "per_token": _round(curve.slope),
+            },
+            "knee_tokens": _round(curve.knee, 4),
+            **_metrics(curve(tokens[test]), rest[test], int(train.sum())),
+        }
+        col_na = CSV_GROUP_COLUMNS["non_attention"]
+        if col_na in frame.columns:
+            na = frame[col_na].to_numpy(dtype=np.float64)
+            ok = ~np.isnan(na)
+            if ok.any():
+                groups["non_attention"]["measured_over_remainder_median"] = _round(
+                    float(np.median(na[ok] / rest[ok])), 4
+                )
+    else:
+        full, dropped = _fit_total_joint(p, train)
+        coef.update(full)
+        if any_attn:
+            notes.append(
+                "attention columns do not cover every kind of batch present: fitted to time_s"
+            )
+        if col_comm in frame.columns:
+            notes.append("comm cannot be separated from totals: folded into per_token")
+    coefficients = LinearCoefficients(**{k: _round(v) for k, v in coef.items()})
+
+    cm = LinearCostModel(coefficients)
+    pred = np.array(
+        [
+            cm.batch_time(BatchStats(int(a), int(b), int(c), int(d), int(e)))
+            for a, b, c, d, e in frame[list(CSV_INPUT_COLUMNS)].itertuples(index=False)
+        ],
+        dtype=np.float64,
+    )
+    n_train = int(train.sum())
+    total: dict[str, Any] = {
+        "form": "LinearCostModel.batch_time with the fitted coefficients",
+        **_metrics(pred[test], p.time[test], n_train),
+        "train": _metrics(pred[train], p.time[train], n_train),
+        "by_kind": {
+            kind: _metrics(pred[m & test], p.time[m & test], int((m & train).sum()))
+            for kind, m in _kind_masks(p).items()
+            if m.any()
+        },
+    }
+    report: dict[str, Any] = {
+        "data": source,
+        "mode": "per-group" if per_group else "total",
+        "rows": len(table.frame),
+        "points": n,
+        "holdout": CSV_HOLDOUT,
+        "groups": groups,
+        "total": total,
+        "dropped_terms": sorted(set(dropped)),
+        "metadata": {k: str(v) for k, v in table.metadata.items()},
+        "ignored_columns": list(table.ignored_columns),
+    }
+    if notes:
+        report["notes"] = notes
+    return coefficients, _clean(report)
+
+
+def fit_profile_csv(path: str | Path) -> tuple[LinearCoefficients, dict[str, Any]]:
+    """Fit a measured-iteration CSV (see the module docstring); (coefficients, report).
+
+    Raises :class:`ConfigError` naming file, line and column for a malformed CSV.
+    """
+    return fit_profile_table(read_profile_csv(path))
+
+
+def fit_profile_frame(
+    df: pd.DataFrame, source: str = "<DataFrame>"
+) -> tuple[LinearCoefficients, dict[str, Any]]:
+    """:func:`fit_profile_csv` for a table in memory (e.g. :func:`profile_model`'s output)."""
+    return fit_profile_table(validate_profile_frame(df.reset_index(drop=True), source))
+
+
+def format_fit_report(report: Mapping[str, Any]) -> str:
+    """A few lines for a terminal: mode, points, and held-out errors per group and total."""
+
+    def line(name: str, g: Mapping[str, Any]) -> str:
+        if not g.get("n_test"):
+            return f"  {name}: no held-out points (n_train {g.get('n_train')})"
+        r2 = g.get("r2")
+        r2s = "n/a" if r2 is None else f"{r2:.4f}"
+        return (
+            f"  {name}: held-out median rel err {g['median_rel_err']:.1%}, "
+            f"p90 {g['p90_rel_err']:.1%}, max {g['max_rel_err']:.1%}, R² {r2s} "
+            f"(train {g['n_train']}, test {g['n_test']})"
+        )
+
+    out = [
+        f"{report.get('data')}: {report.get('points')} distinct batches "
+        f"({report.get('rows')} rows), {report.get('mode')} fit"
+    ]
+    for name, g in report.get("groups", {}).items():
+        out.append(line(name, g))
+    total = report.get("total", {})
+    out.append(line("total", total))
+    for kind, g in total.get("by_kind", {}).items():
+        out.append(line(f"total, {kind}", g))
+    if report.get("dropped_terms"):
+        out.append(f"  not identifiable, fixed at 0: {', '.join(report['dropped_terms'])}")
+    out.extend(f"  note: {n}" for n in report.get("notes", []))
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- BROS / Aladdin
+
+
+def _nonneg(source: str, **values: float) -> None:
+    for k, v in values.items():
+        if not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"{source}: {k} must be a finite number >= 0, got {v}")
+
+
+def bros_coefficients(
+    *,
+    prefill_alpha0: float,
+    prefill_alpha1: float,
+    prefill_beta: float,
+    decode_alpha0: float,
+    decode_alpha1: float,
+    decode_beta: float,
+) -> LinearCoefficients:
+    """BROS's ``α0·Ln + α1·Ln·La + β`` (one fit for prefill, one for decode, summed).
+
+    Exact on every batch (``Ln·La`` read per request, see the module docstring) provided
+    ``decode_alpha0 >= prefill_alpha0``; otherwise :class:`ConfigError`.
+    """
+    _nonneg(
+        "BROS cost model",
+        prefill_alpha0=prefill_alpha0,
+        prefill_alpha1=prefill_alpha1,
+        prefill_beta=prefill_beta,
+        decode_alpha0=decode_alpha0,
+        decode_alpha1=decode_alpha1,
+        decode_beta=decode_beta,
+    )
+    if decode_alpha0 < prefill_alpha0:
+        raise ConfigError(
+            f"BROS cost model: decode_alpha0 ({decode_alpha0}) < prefill_alpha0 "
+            f"({prefill_alpha0}) is not representable: LinearCoefficients has one per-token "
+            "term shared by prefill and decode tokens and no per-prefill-token term"
+        )
+    return LinearCoefficients(
+        per_token=prefill_alpha0,
+        per_decode_seq=decode_alpha0 - prefill_alpha0,
+        per_decode_kv=decode_alpha1,
+        decode_intercept=decode_beta,
+        per_prefill_work=prefill_alpha1,
+        prefill_intercept=prefill_beta,
+    )
+
+
+def aladdin_coefficients(
+    *, k1: float, c1: float, k2: float, c2: float, c3: float
+) -> LinearCoefficients:
+    """Aladdin's prefill ``k1·Σl_in + c1`` and decode ``(k2·l_ave + c2)·b + c3``.
+
+    Exact on prefill-only and decode-only batches (Aladdin prices no others; a hybrid batch
+    costs the sum) provided ``c2 >= k1``; otherwise :class:`ConfigError`.
+    """
+    _nonneg("Aladdin cost model", k1=k1, c1=c1, k2=k2, c2=c2, c3=c3)
+    if c2 < k1:
+        raise ConfigError(
+            f"Aladdin cost model: c2 ({c2}) < k1 ({k1}) is not representable: "
+            "LinearCoefficients has one per-token term shared by prefill and decode tokens "
+            "and no per-prefill-token term"
+        )
+    return LinearCoefficients(
+        per_token=k1,
+        prefill_intercept=c1,
+        per_decode_kv=k2,
+        per_decode_seq=c2 - k1,
+        decode_intercept=c3,
+    )
+
+
+# --------------------------------------------------------------------------- fitted profiles
+
+PROFILE_YAML_HEADER = (
+    "# Fitted by sloserve (sloserve.costmodel.fit.fit_profile_csv) from measured iterations.\n"
+    "# Refit rather than edit: sloserve costmodel fit PROFILE.csv --out THIS.yaml\n"
+)
+
+
+def _metadata_spec(
+    cls: Callable[..., Any],
+    fields: Mapping[str, Any],
+    prefix: str,
+    name: Any,
+    metadata: Mapping[str, Any],
+    source: str,
+) -> Any:
+    given = {f: metadata[prefix + f] for f in fields if f != "name" and prefix + f in metadata}
+    required = [f for f, info in fields.items() if f != "name" and info.is_required()]
+    if name is None or any(f not in given for f in required):
+        return None
+    try:
+        return cls(name=str(name), **given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        col = "model" if err["loc"] == ("name",) else prefix + ".".join(map(str, err["loc"]))
+        raise ConfigError(f"{source}: column {col}: {err['msg']}") from e
+
+
+def hardware_from_metadata(
+    metadata: Mapping[str, Any], source: str = "<metadata>"
+) -> tuple[ModelSpec | None, GPUSpec | None, int | None]:
+    """(model, GPU, tp) described by a table's metadata columns; None where incomplete.
+
+    A model needs ``model`` and every required ``model_<field>``; a GPU needs ``device`` and
+    ``device_memory_gib``.
+    """
+    model = _metadata_spec(
+        ModelSpec,
+        ModelSpec.model_fields,
+        MODEL_COLUMN_PREFIX,
+        metadata.get("model"),
+        metadata,
+        source,
+    )
+    gpu = _metadata_spec(
+        GPUSpec,
+        GPUSpec.model_fields,
+        DEVICE_COLUMN_PREFIX,
+        metadata.get("device"),
+        metadata,
+        source,
+    )
+    tp: int | None = None
+    if "tp" in metadata:
+        try:
+            tp = int(float(metadata["tp"]))
+        except ValueError:
+            raise ConfigError(f"{source}: column tp: not an integer ({metadata['tp']!r})") from None
+    return model, gpu, tp
+
+
+def profile_from_coefficients(
+    coefficients: LinearCoefficients,
+    *,
+    name: str,
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int = 1,
+    source: str,
+    description: str = "",
+    fit_report: Mapping[str, Any] | None = None,
+    activation_reserve_gib: float = ACTIVATION_RESERVE_GIB,
+) -> ReplicaProfile:
+    """A :class:`ReplicaProfile` from fitted coefficients and the hardware they describe."""
+    try:
+        return ReplicaProfile(
+            name=name,
+            description=description,
+            model=model,
+            gpu=gpu,
+            tp=tp,
+            activation_reserve_gib=activation_reserve_gib,
+            coefficients=coefficients,
+            source=source,
+            fit_report=dict(_clean(dict(fit_report or {}))),
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise ConfigError(f"profile {name}: field {loc}: {err['msg']}") from e
+
+
+def profile_from_csv(
+    path: str | Path,
+    *,
+    name: str | None = None,
+    model: ModelSpec | None = None,
+    gpu: GPUSpec | None = None,
+    tp: int | None = None,
+    base_profile: str | None = None,
+    description: str = "",
+) -> ReplicaProfile:
+    """Fit a measured-iteration CSV and assemble a profile (``sloserve costmodel fit``).
+
+    The model, GPU and TP degree come from, in order: the arguments, ``base_profile`` (a
+    built-in profile name or YAML path whose hardware the measurements describe), the CSV's
+    metadata columns. ``name`` defaults to the CSV's file stem.
+    """
+    p = Path(path)
+    table = read_profile_csv(p)
+    coefficients, report = fit_profile_table(table)
+    base = load_profile(base_profile) if base_profile else None
+    meta_model, meta_gpu, meta_tp = hardware_from_metadata(table.metadata, str(p))
+    model = model or (base.model if base else None) or meta_model
+    gpu = gpu or (base.gpu if base else None) or meta_gpu
+    if model is None or gpu is None:
+        what = "model shape (model and model_* columns)" if model is None else "device"
+        raise ConfigError(
+            f"{p}: no {what} in the CSV; pass a base profile (its model and GPU are used) "
+            "or a ModelSpec and GPUSpec"
+        )
+    tp = tp or (base.tp if base else None) or meta_tp or 1
+    reserve = base.activation_reserve_gib if base else ACTIVATION_RESERVE_GIB
+    setting = ", ".join(
+        f"{k} {v}" for k, v in report["metadata"].items() if k in ("device", "dtype")
+    )
+    total = report["total"]
+    err = total.get("median_rel_err")
+    source = (
+        f"Fitted by sloserve.costmodel.fit.fit_profile_csv to {p.name}: {report['points']} "
+        f"distinct measured iterations ({setting or 'setting not recorded'}), "
+        f"{report['mode']} fit"
+        + (f", held-out median relative error {err:.1%}" if err is not None else "")
+        + (f"; model and GPU from profile {base.name}" if base else "")
+        + "."
+    )
+    return profile_from_coefficients(
+        coefficients,
+        name=name or p.stem,
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        source=source,
+        description=description or f"{model.name} on {gpu.name}, TP{tp}, measured",
+        fit_report=report,
+        activation_reserve_gib=reserve,
+    )
+
+
+def render_profile_yaml(profile: ReplicaProfile, header: str = PROFILE_YAML_HEADER) -> str:
+    """The YAML text of a profile, fields in schema order (as the built-in files)."""
+    data: dict[str, Any] = profile.model_dump(mode="json")
+    return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
+
+
+def write_profile_yaml(
+    profile: ReplicaProfile, path: str | Path, header: str = PROFILE_YAML_HEADER
+) -> Path:
+    """Write a profile YAML that ``load_profile(path)`` / ``--profile path`` reads back."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(render_profile_yaml(profile, header), encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot write profile ({e.strerror})") from e
+    return p

@@ -140,6 +140,7 @@ class Instance:
             cost_model=cost_model,
             predictor=predictor,
             limits=limits,
+            iter_end=self.iter_end,
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
 

@@ -113,11 +113,16 @@ class InstanceView:
     mutate them. ``waiting`` holds new and recompute-preempted requests in arrival order;
     ``running`` holds requests with KV on the GPU, in arrival order; ``swapped`` holds
     requests whose KV is on the CPU tier, in arrival order.
+
+    ``iter_end`` is the instance's iteration log (the end time of every iteration so far,
+    the instance's own list): ``Request.token_runs`` index into it, so a policy can read
+    when each token was delivered (Andes' QoE estimate needs that). Read only.
     """
 
     __slots__ = (
         "cost_model",
         "instance_id",
+        "iter_end",
         "kv",
         "limits",
         "now",
@@ -138,6 +143,7 @@ class InstanceView:
         cost_model: CostModel,
         predictor: OutputLengthPredictor,
         limits: Limits,
+        iter_end: Sequence[float] = (),
     ) -> None:
         self.instance_id = instance_id
         self.now = 0.0
@@ -148,6 +154,7 @@ class InstanceView:
         self.cost_model = cost_model
         self.predictor = predictor
         self.limits = limits
+        self.iter_end = iter_end
 
 
 class Scheduler(ABC):

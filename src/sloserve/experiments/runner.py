@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sloserve.core.errors import ConfigError
 from sloserve.core.predictor import make_predictor
-from sloserve.core.request import Request
+from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import ConstantCostModel, CostModel
 from sloserve.costmodel.profile import GIB, ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
@@ -256,7 +256,8 @@ def simulate(
             "predictor": cfg.instance.predictor,
             "policy_params": inst.scheduler.describe(),
             "seed": cfg.workload.seed,
-            "workload_notes": workload.notes,
+            "workload_notes": workload.notes
+            + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0
@@ -285,6 +286,8 @@ class _BatchFeeder:
         self.rng = batch_rng(cfg.workload.seed)
         self.next_id = max((r.req_id for r in open_loop), default=-1) + 1
         self.outstanding: set[int] = set()
+        self.served = 0
+        self.stopped = ""
         self.batches = 0
         self.submitted: list[Request] = []
         self.context = load_profile(cfg.instance.profile).model.max_context
@@ -295,7 +298,14 @@ class _BatchFeeder:
                 previous(r)
             if r.req_id in self.outstanding:
                 self.outstanding.discard(r.req_id)
+                if r.status is RequestStatus.FINISHED:
+                    self.served += 1
                 if not self.outstanding:
+                    if self.served == 0:
+                        # nothing of this batch could be served: the next would fare the
+                        # same, and resubmitting at once would never let time advance
+                        self.stopped = f"batch {self.batches} had no servable request"
+                        return
                     self._schedule(self.env.now + self.jobs.gap_s)
 
         inst.on_done = on_done
@@ -321,6 +331,7 @@ class _BatchFeeder:
         self.batches += 1
         self.next_id += len(batch)
         self.outstanding = {r.req_id for r in batch}
+        self.served = 0
         self.submitted.extend(batch)
         for r in batch:
             self.env.schedule(at, functools.partial(self.inst.add_request, r), PRIO_ARRIVAL)

@@ -29,6 +29,8 @@ TRACE_COLUMNS = (
     "ttft_slo_s",
     "tpot_slo_s",
     "deadline_s",
+    "qoe_ttft_s",
+    "qoe_tokens_per_s",
 )
 
 
@@ -49,6 +51,8 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
             "ttft_slo_s": [opt(r.slo.ttft_s) for r in requests],
             "tpot_slo_s": [opt(r.slo.tpot_s) for r in requests],
             "deadline_s": [opt(r.slo.deadline_s) for r in requests],
+            "qoe_ttft_s": [opt(r.qoe.ttft_s if r.qoe else None) for r in requests],
+            "qoe_tokens_per_s": [opt(r.qoe.tokens_per_s if r.qoe else None) for r in requests],
         },
         columns=list(TRACE_COLUMNS),
     )
@@ -73,16 +77,22 @@ def describe(requests: Sequence[Request], *, bin_s: float | None = None) -> dict
     df = requests_frame(requests)
     arr = df["arrival_s"].to_numpy(dtype=np.float64)
     span = float(arr.max() - arr.min())
-    if bin_s is None:
-        # about 20 bins, rounded to a readable width
-        raw = max(span / 20, 1e-9)
-        widths = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-        bin_s = float(min((w for w in widths if w >= raw), default=3600))
-    edges = np.arange(0.0, max(span, bin_s) + bin_s, bin_s)
-    counts, _ = np.histogram(arr - arr.min(), bins=edges)
-    # the last bin is cut short by the end of the workload: divide by what it covers
-    widths_s = np.minimum(edges[1:], max(span, 1e-9)) - edges[:-1]
-    widths_s = np.where(widths_s > 0, widths_s, bin_s)
+    if span <= 0:  # everything at once (an offline batch): no rate to speak of
+        bin_s = bin_s or 1.0
+        edges = np.array([0.0])
+        counts = np.array([], dtype=np.int64)
+        widths_s = np.array([], dtype=np.float64)
+    else:
+        if bin_s is None:
+            # about 20 bins, rounded to a readable width
+            raw = span / 20
+            widths = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+            bin_s = float(min((w for w in widths if w >= raw), default=3600))
+        edges = np.arange(0.0, span + bin_s, bin_s)
+        counts, _ = np.histogram(arr - arr.min(), bins=edges)
+        # the last bin is cut short by the end of the workload: divide by what it covers
+        widths_s = np.minimum(edges[1:], span) - edges[:-1]
+        widths_s = np.where(widths_s > 0, widths_s, bin_s)
     gaps = np.diff(np.sort(arr))
     cv = float(gaps.std() / gaps.mean()) if gaps.size > 1 and gaps.mean() > 0 else None
     out: dict[str, Any] = {
@@ -150,7 +160,8 @@ def export_trace(requests: Sequence[Request], path: str | Path) -> Path:
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        requests_frame(requests).to_csv(out, index=False, float_format="%.9g")
+        # default float formatting is repr: arrival times round-trip exactly
+        requests_frame(requests).to_csv(out, index=False)
     except OSError as e:
         raise WorkloadError(f"{out}: cannot write the trace ({e.strerror})") from e
     return out

@@ -124,7 +124,7 @@ def _require(df: pd.DataFrame, cols: list[str], path: Path) -> None:
         )
 
 
-def _order(t: TraceTable, path: Path, lines: np.ndarray, strict: bool) -> TraceTable:
+def _order(t: TraceTable, path: Path, lines: np.ndarray, strict: bool, column: str) -> TraceTable:
     """Check arrivals are sorted; sort them (with a note) when not strict."""
     a = t.df["arrival_s"].to_numpy()
     dec = np.flatnonzero(np.diff(a) < 0)
@@ -134,7 +134,7 @@ def _order(t: TraceTable, path: Path, lines: np.ndarray, strict: bool) -> TraceT
             raise _fail(
                 path,
                 int(lines[i]),
-                "arrival",
+                column,
                 f"timestamps not sorted ({a[i]:.6f} s after {a[i - 1]:.6f} s); "
                 "pass strict=False (--no-strict) to sort them",
             )
@@ -187,7 +187,7 @@ def load_azure(path: str | Path, *, strict: bool = True) -> TraceTable:
         }
     )
     t = TraceTable(out, f"azure:{p.name}")
-    return _order(t, p, np.arange(len(out)) + 2, strict)
+    return _order(t, p, np.arange(len(out)) + 2, strict, "TIMESTAMP")
 
 
 _BURST_COLS = {
@@ -237,7 +237,8 @@ def load_burstgpt(
                 p,
                 int(lines[np.flatnonzero(failed)[0]]),
                 "Response tokens",
-                "0 response tokens (a failed request); drop them with drop_failures=True",
+                "0 response tokens (a failed request); drop failures (omit --keep-failures, "
+                "drop_failures=True)",
             )
     zero_prompt = (t.df["prompt_tokens"] == 0).to_numpy()
     if zero_prompt.any():
@@ -245,7 +246,7 @@ def load_burstgpt(
         raise _fail(p, int(lines[i]), "Request tokens", "0 request tokens")
     if len(t.df) == 0:
         raise WorkloadError(f"{p}: no successful requests left after dropping failures")
-    return _order(t, p, lines, strict)
+    return _order(t, p, lines, strict, "Timestamp")
 
 
 def word_count_tokens(text: str) -> int:
@@ -330,6 +331,8 @@ def load_sharegpt(
                 outputs.append(r)
                 convs.append(ci)
                 context += q + r
+                if limit is not None and len(prompts) >= limit:
+                    break
             elif j == 0 and a.get("from") != "human":
                 skipped += 1
         if limit is not None and len(prompts) >= limit:
@@ -393,7 +396,14 @@ def load_table(
     for ours in ("class", "model"):
         if ours in columns:
             out[ours] = df[columns[ours]].astype(str).str.strip().to_numpy()
-    for ours in ("priority", "ttft_slo_s", "tpot_slo_s", "deadline_s"):
+    for ours in (
+        "priority",
+        "ttft_slo_s",
+        "tpot_slo_s",
+        "deadline_s",
+        "qoe_ttft_s",
+        "qoe_tokens_per_s",
+    ):
         if ours in columns:
             out[ours] = pd.to_numeric(df[columns[ours]], errors="coerce").to_numpy()
     t = TraceTable(out, f"table:{p.name}")
@@ -403,7 +413,7 @@ def load_table(
         if (out["arrival_s"] < 0).any():
             i = int(np.flatnonzero(out["arrival_s"].to_numpy() < 0)[0])
             raise _fail(p, i + off, col, "negative arrival time")
-        return _order(t, p, np.arange(len(out)) + off, strict)
+        return _order(t, p, np.arange(len(out)) + off, strict, col)
     return t
 
 
@@ -426,6 +436,19 @@ def load_sloserve(path: str | Path) -> TraceTable:
     return TraceTable(df, f"sloserve:{Path(path).name}")
 
 
+KNOWN_COLUMNS = (
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "class",
+    "model",
+    "priority",
+    "ttft_slo_s",
+    "tpot_slo_s",
+    "deadline_s",
+    "qoe_ttft_s",
+    "qoe_tokens_per_s",
+)
 _COLSPEC = re.compile(r"^\s*([a-z_]+)\s*=\s*(.+?)\s*$")
 
 
@@ -440,6 +463,10 @@ def parse_columns(spec: str | Mapping[str, str] | None) -> dict[str, str]:
         m = _COLSPEC.match(part)
         if not m:
             raise WorkloadError(f"columns: expected name=column pairs, got {part!r}")
+        if m.group(1) not in KNOWN_COLUMNS:
+            raise WorkloadError(
+                f"columns: unknown name {m.group(1)!r}; valid: {', '.join(KNOWN_COLUMNS)}"
+            )
         out[m.group(1)] = m.group(2)
     return out
 

@@ -389,7 +389,8 @@ def apply_replay(
     n0 = len(df)
     end = opts.end_s
     if end is None and "duration_s" in spec.model_fields_set and spec.duration_s is not None:
-        end = opts.start_s + spec.duration_s
+        # duration_s is the run's arrival window, in replayed (sped-up) time
+        end = opts.start_s + spec.duration_s * opts.speedup
     keep = df["arrival_s"] >= opts.start_s
     if end is not None:
         keep &= df["arrival_s"] < end
@@ -462,7 +463,7 @@ def _from_table(
     prio = df["priority"].to_numpy(dtype=np.float64) if "priority" in df.columns else None
     cols = {
         k: df[k].to_numpy(dtype=np.float64)
-        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s")
+        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
         if k in df.columns
     }
     speeds = spec.qoe.speeds(rngs.speed, n)
@@ -493,7 +494,10 @@ def _from_table(
                         pick("tpot_slo_s", i, rule.tpot_s),
                         pick("deadline_s", i, rule.deadline_s),
                     ),
-                    qoe=QoESpec(spec.qoe.ttft(p), float(speeds[i])),
+                    qoe=QoESpec(
+                        pick("qoe_ttft_s", i, spec.qoe.ttft(p)) or 0.0,
+                        pick("qoe_tokens_per_s", i, float(speeds[i])) or float(speeds[i]),
+                    ),
                 )
             )
         except ValueError as e:
@@ -516,6 +520,7 @@ def batch_job_requests(
     prompts, outputs = _clip(prompts, outputs, spec.max_context or max_context)
     rule = spec.rule(jobs.req_class)
     slo = rule.slo()
+    speeds = spec.qoe.speeds(rng, jobs.batch_size)
     return [
         Request(
             req_id=first_id + i,
@@ -525,7 +530,7 @@ def batch_job_requests(
             req_class=jobs.req_class,
             priority=rule.priority,
             slo=slo,
-            qoe=spec.qoe.spec(int(prompts[i])),
+            qoe=QoESpec(spec.qoe.ttft(int(prompts[i])), float(speeds[i])),
         )
         for i in range(jobs.batch_size)
     ]

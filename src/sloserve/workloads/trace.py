@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 from sloserve.core.errors import WorkloadError
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
-OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s")
+OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
 
 
 @dataclass
