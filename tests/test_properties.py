@@ -14,7 +14,13 @@ from sloserve.policies.registry import policy_names
 COSTS = {
     "constant": lambda: ConstantCostModel(0.01, swap_s_per_token=1e-4),
     "linear": lambda: LinearCostModel(
-        LinearCoefficients(intercept=0.005, token_floor=0.004, per_token=2e-5, per_decode_kv=1e-6, per_prefill_work=1e-8),
+        LinearCoefficients(
+            intercept=0.005,
+            token_floor=0.004,
+            per_token=2e-5,
+            per_decode_kv=1e-6,
+            per_prefill_work=1e-8,
+        ),
         kv_bytes_per_token=1000,
         swap_bytes_per_s=1e9,
     ),
@@ -41,12 +47,17 @@ setups = st.fixed_dictionaries(
 )
 
 
+UNIFIED_ONLY = {"andes", "lqsf"}  # these have their own parameters
+
+
 def build(setup: dict, multi_step: bool = True):
-    params: dict = {"watermark": setup["watermark"]}
+    params: dict = {}
+    if setup["policy"] not in UNIFIED_ONLY:
+        params["watermark"] = setup["watermark"]
+        if setup["order"] is not None:
+            params["order"] = setup["order"]
     if setup["swap"]:
         params["preemption_mode"] = "swap"
-    if setup["order"] is not None:
-        params["order"] = setup["order"]
     return make_instance(
         setup["policy"],
         cost=COSTS[setup["cost"]](),
@@ -64,7 +75,15 @@ def build(setup: dict, multi_step: bool = True):
 def make_reqs(spec: list[tuple[float, int, int, float]]):
     arrivals = sorted(a for a, *_ in spec)
     return [
-        req(i, arrivals[i], p, o, slo=SLO(ttft_s=ttft, tpot_s=0.05), qoe=QoESpec(ttft, 5.0), priority=i % 3)
+        req(
+            i,
+            arrivals[i],
+            p,
+            o,
+            slo=SLO(ttft_s=ttft, tpot_s=0.05),
+            qoe=QoESpec(ttft, 5.0),
+            priority=i % 3,
+        )
         for i, (_a, p, o, ttft) in enumerate(spec)
     ]
 

@@ -151,3 +151,19 @@ register(
     ),
     "InferMax A.3: shortest predicted output first (Sarathi batching, preemptive)",
 )
+
+
+def _andes(params: Mapping[str, Any]) -> Scheduler:
+    from sloserve.policies.andes import make_andes
+
+    return make_andes(params)
+
+
+def _lqsf(params: Mapping[str, Any]) -> Scheduler:
+    from sloserve.policies.lqsf import make_lqsf
+
+    return make_lqsf(params)
+
+
+register("andes", _andes, "Andes: QoE-aware token-level preemptive scheduling (knapsack, refiner)")
+register("lqsf", _lqsf, "Least QoE Slack First (Andes §6.1 baseline)")

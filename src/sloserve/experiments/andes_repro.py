@@ -1,0 +1,431 @@
+"""``sloserve reproduce andes``: Andes' evaluation (§6.3–§6.4) in simulation.
+
+Experiments, each a grid of runs (one policy on one replica over one workload):
+
+* ``intensity`` (Figure 15) and ``duration`` (Figure 16): one cycle of Andes' cyclic burst
+  load (a burst of ``intensity`` × the mean rate for ``duration`` of the cycle, then a calm
+  phase, Poisson within phases), the mean rate set to the replica's throughput without
+  bursts, as §6.3 says. Intensity is "the ratio of request rate from burst to the entire
+  trace", so it must stay below 1 / duration.
+* ``poisson`` (Figure 20): Poisson arrivals at increasing multiples of that throughput.
+* ``refiner`` (Figure 17), ``solver`` (Figure 18, greedy vs DP) and ``delta_t``
+  (Figure 19): Andes ablations under the default burst.
+
+The replica's throughput without bursts is measured, not assumed: the request rate vLLM
+completes when the whole workload's requests are queued at once (a saturated replica).
+
+Headline numbers, next to the paper's (quoted from Andes §6.3):
+
+* the largest mean-QoE ratio Andes / vLLM over the intensity and duration sweeps (paper: up
+  to 4.7× and 3.5×);
+* the largest burst intensity each policy sustains at mean QoE >= 0.95, and the GPU
+  savings it implies, ``1 − I_vllm / I_andes`` (paper: 2.6× the intensity, up to 61% fewer
+  GPUs);
+* the share of the ideal gain realised: Andes' ideal gain is the server's token delivery
+  speed over the reader's speed (§2.3; 2.3× in the paper's setting), the realised gain the
+  ratio of sustainable intensities (paper: 1.4×, about 60% of the ideal).
+
+``quick`` runs a reduced grid on one profile in under 2 minutes (for CI); the full run uses
+two profiles and two Andes Table 2 length distributions and runs in parallel processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sloserve.core.errors import ConfigError
+from sloserve.experiments.runner import InstanceConfig, SimConfig, simulate
+from sloserve.workloads import ConstantArrivals, WorkloadSpec
+
+PAPER = {
+    "qoe_ratio_vs_vllm_intensity": 4.7,
+    "qoe_ratio_vs_vllm_duration": 3.5,
+    "intensity_ratio_at_qoe_0.95": 2.6,
+    "gpu_savings_at_qoe_0.95": 0.61,
+    "ideal_gain": 2.3,
+    "realised_gain": 1.4,
+    "realised_share_of_ideal": 0.6,
+}
+POLICIES = ("vllm", "sarathi", "lqsf", "andes")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A replica profile and a length distribution (Andes Table 2 or another mix)."""
+
+    profile: str
+    mix: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The grid of one reproduction run."""
+
+    scenarios: tuple[Scenario, ...]
+    cycle_s: float
+    intensities: tuple[float, ...]
+    durations: tuple[float, ...]
+    poisson_loads: tuple[float, ...]
+    delta_ts: tuple[float, ...]
+    ablations: bool
+    seed: int = 0
+    max_running: int = 256
+    # DP is O(N·B·units): its ablation uses fewer memory units to stay affordable
+    dp_units: int = 64
+
+    @staticmethod
+    def quick(seed: int = 0) -> Plan:
+        return Plan(
+            scenarios=(Scenario("llama-2-7b-a100", "andes-sharegpt"),),
+            cycle_s=90.0,
+            intensities=(1.5, 2.0, 2.5),
+            durations=(0.35,),
+            poisson_loads=(1.2,),
+            delta_ts=(),
+            ablations=True,
+            seed=seed,
+        )
+
+    @staticmethod
+    def full(seed: int = 0) -> Plan:
+        return Plan(
+            scenarios=(
+                Scenario("llama-2-7b-a100", "andes-sharegpt"),
+                Scenario("llama-2-7b-a100", "lmsys"),
+                Scenario("llama-2-70b-a100x2", "andes-sharegpt"),
+                Scenario("llama-2-70b-a100x2", "lmsys"),
+            ),
+            cycle_s=600.0,
+            intensities=(1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75),
+            durations=(0.1, 0.2, 0.35, 0.45),
+            poisson_loads=(0.6, 0.8, 1.0, 1.2, 1.4, 1.6),
+            delta_ts=(0.5, 1.0, 2.0, 5.0),
+            ablations=True,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation of the grid."""
+
+    experiment: str
+    scenario: Scenario
+    policy: str
+    params: tuple[tuple[str, Any], ...]
+    arrival: dict[str, Any]
+    x: float
+    label: str
+    seed: int
+    max_running: int
+
+    duration_s: float
+
+    def config(self) -> SimConfig:
+        return SimConfig(
+            workload=WorkloadSpec.model_validate(
+                {
+                    "mix": self.scenario.mix,
+                    "arrival": self.arrival,
+                    "duration_s": self.duration_s,
+                    "seed": self.seed,
+                }
+            ),
+            instance=InstanceConfig(profile=self.scenario.profile, max_running=self.max_running),
+            policy=self.policy,
+            policy_params=dict(self.params),
+        )
+
+
+def throughput(scenario: Scenario, *, n: int = 400, seed: int = 0, max_running: int = 256) -> float:
+    """Requests/s vLLM completes when ``n`` requests of the mix are all queued at once."""
+    cfg = SimConfig(
+        workload=WorkloadSpec(
+            mix=scenario.mix,
+            arrival=ConstantArrivals(rate=1e6),
+            num_requests=n,
+            duration_s=None,
+            seed=seed,
+        ),
+        instance=InstanceConfig(profile=scenario.profile, max_running=max_running),
+        policy="vllm",
+    )
+    s = simulate(cfg).summary
+    return float(s["finished"] / s["simulated_seconds"])
+
+
+def plan_runs(plan: Plan, capacity: dict[Scenario, float]) -> list[Run]:
+    runs: list[Run] = []
+
+    def add(
+        exp: str,
+        sc: Scenario,
+        policy: str,
+        params: dict[str, Any],
+        arrival: dict[str, Any],
+        x: float,
+        label: str,
+    ) -> None:
+        runs.append(
+            Run(exp, sc, policy, tuple(sorted(params.items())), arrival, x, label, plan.seed,
+                plan.max_running, plan.cycle_s)
+        )  # fmt: skip
+
+    for sc in plan.scenarios:
+        cap = capacity[sc]
+
+        def burst(intensity: float, duration: float, cap: float = cap) -> dict[str, Any]:
+            return {
+                "kind": "bursty",
+                "rate": cap,
+                "intensity": intensity,
+                "burst_fraction": duration,
+                "period_s": plan.cycle_s,
+            }
+
+        for pol in POLICIES:
+            for i in plan.intensities:
+                add("intensity", sc, pol, {}, burst(i, 0.35), i, pol)
+            for d in plan.durations:
+                add("duration", sc, pol, {}, burst(2.0, d), d, pol)
+            for load in plan.poisson_loads:
+                add("poisson", sc, pol, {}, {"kind": "poisson", "rate": cap * load}, load, pol)
+        if plan.ablations:
+            for d in plan.durations or (0.35,):
+                add("refiner", sc, "andes", {"refiner": True}, burst(2.0, d), d, "refiner on")
+                add("refiner", sc, "andes", {"refiner": False}, burst(2.0, d), d, "refiner off")
+            for i in plan.intensities[:2]:
+                add("solver", sc, "andes", {"solver": "greedy"}, burst(i, 0.35), i, "greedy")
+                add(
+                    "solver",
+                    sc,
+                    "andes",
+                    {"solver": "dp", "dp_memory_units": plan.dp_units},
+                    burst(i, 0.35),
+                    i,
+                    "dp",
+                )
+            for dt in plan.delta_ts:
+                add("delta_t", sc, "andes", {"delta_t": dt}, burst(2.0, 0.35), dt, f"Δt={dt:g}s")
+    return runs
+
+
+def execute(run: Run) -> dict[str, Any]:
+    """Simulate one run (one cycle of arrivals, then drain); a row of results."""
+    cfg = run.config()
+    t0 = time.perf_counter()
+    res = simulate(cfg)
+    s = res.summary
+    gen = res.table["generated_tokens"].to_numpy()
+    # token delivery speed per request after its first token (Andes' TDS)
+    tpot = res.table["tpot_s"].to_numpy(dtype=np.float64)
+    tds = float(np.nanmean(1.0 / tpot[tpot > 0])) if np.any(tpot > 0) else float("nan")
+    return {
+        "experiment": run.experiment,
+        "profile": run.scenario.profile,
+        "mix": run.scenario.mix,
+        "policy": run.policy,
+        "label": run.label,
+        "params": json.dumps(dict(run.params)),
+        "x": run.x,
+        "requests": s["requests"],
+        "finished": s["finished"],
+        "qoe_mean": s["qoe_mean"],
+        "qoe_perfect_fraction": s["qoe_perfect_fraction"],
+        "ttft_mean": s["ttft_mean"],
+        "ttft_p99": s["ttft_p99"],
+        "tpot_mean": s["tpot_mean"],
+        "tds_mean": tds,
+        "preemptions_per_request": s["preemptions"] / max(1, s["requests"]),
+        "tokens": int(gen.sum()),
+        "simulated_s": s["simulated_seconds"],
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+@dataclass
+class Reproduction:
+    results: pd.DataFrame
+    capacity: dict[str, float]
+    headline: dict[str, Any] = field(default_factory=dict)
+
+
+def _max_sustained(df: pd.DataFrame, threshold: float = 0.95) -> float:
+    """The largest x at which mean QoE >= threshold, interpolated between grid points."""
+    d = df.sort_values("x")
+    xs, qs = d["x"].to_numpy(), d["qoe_mean"].to_numpy()
+    if len(xs) == 0 or qs[0] < threshold:
+        return float("nan")
+    best = float(xs[0])
+    for (x0, q0), (x1, q1) in zip(
+        zip(xs, qs, strict=True), zip(xs[1:], qs[1:], strict=True), strict=False
+    ):
+        if q1 >= threshold:
+            best = float(x1)
+            continue
+        if q0 >= threshold > q1:
+            best = float(x0 + (q0 - threshold) / (q0 - q1) * (x1 - x0))
+        break
+    return best
+
+
+def headline(results: pd.DataFrame, reading_speed: float = 4.8) -> dict[str, Any]:
+    """Our headline numbers beside the paper's, per scenario and overall."""
+    out: dict[str, Any] = {"paper": PAPER, "scenarios": {}}
+    best: dict[str, float] = {}
+    for (profile, mix), g in results.groupby(["profile", "mix"]):
+        key = f"{profile}/{mix}"
+        row: dict[str, Any] = {}
+        for exp in ("intensity", "duration"):
+            e = g[g["experiment"] == exp]
+            piv = e.pivot_table(index="x", columns="policy", values="qoe_mean")
+            if {"andes", "vllm"} <= set(piv.columns):
+                ratio = (piv["andes"] / piv["vllm"]).max()
+                row[f"qoe_ratio_vs_vllm_{exp}"] = float(ratio)
+                best[f"qoe_ratio_vs_vllm_{exp}"] = max(
+                    best.get(f"qoe_ratio_vs_vllm_{exp}", 0.0), float(ratio)
+                )
+        e = g[g["experiment"] == "intensity"]
+        sustained = {
+            p: _max_sustained(e[e["policy"] == p]) for p in POLICIES if (e["policy"] == p).any()
+        }
+        row["max_intensity_at_qoe_0.95"] = sustained
+        ia, iv = sustained.get("andes", math.nan), sustained.get("vllm", math.nan)
+        if iv == iv and ia == ia and iv > 0:
+            row["intensity_ratio_at_qoe_0.95"] = ia / iv
+            row["realised_gain"] = ia / iv
+            row["gpu_savings_at_qoe_0.95"] = 1 - iv / ia
+        # ideal gain (§2.3): vLLM's token delivery speed under the default burst / reading speed
+        base = g[(g["experiment"] == "intensity") & (g["policy"] == "vllm")]
+        if len(base):
+            tds = float(base.sort_values("x")["tds_mean"].iloc[0])
+            row["vllm_tds_tokens_per_s"] = tds
+            row["ideal_gain"] = tds / reading_speed
+            if "intensity_ratio_at_qoe_0.95" in row:
+                row["realised_share_of_ideal"] = (
+                    row["intensity_ratio_at_qoe_0.95"] / row["ideal_gain"]
+                )
+        ref = g[g["experiment"] == "refiner"]
+        if len(ref):
+            row["preemptions_per_request"] = (
+                ref.groupby("label")["preemptions_per_request"].mean().to_dict()
+            )
+            row["qoe_refiner"] = ref.groupby("label")["qoe_mean"].mean().to_dict()
+        sol = g[g["experiment"] == "solver"]
+        if len(sol):
+            row["qoe_solver"] = sol.groupby("label")["qoe_mean"].mean().to_dict()
+        dts = g[g["experiment"] == "delta_t"]
+        if len(dts):
+            row["qoe_delta_t"] = dts.groupby("x")["qoe_mean"].mean().to_dict()
+        out["scenarios"][key] = row
+    out["ours"] = best
+    return out
+
+
+def reproduce(
+    plan: Plan,
+    out: str | Path,
+    *,
+    workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Reproduction:
+    """Run the grid (in parallel processes), write results, plots and the headline table."""
+    out_dir = Path(out)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{out_dir}: cannot create the output folder ({e.strerror})") from e
+    capacity = {
+        sc: throughput(sc, seed=plan.seed, max_running=plan.max_running) for sc in plan.scenarios
+    }
+    runs = plan_runs(plan, capacity)
+    rows: list[dict[str, Any]] = []
+    n_workers = workers or max(1, min(len(runs), os.cpu_count() or 1))
+    if n_workers == 1:
+        for i, r in enumerate(runs):
+            rows.append(execute(r))
+            if progress:
+                progress(i + 1, len(runs))
+    else:
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            futures = [pool.submit(execute, r) for r in runs]
+            for i, f in enumerate(futures):
+                rows.append(f.result())
+                if progress:
+                    progress(i + 1, len(runs))
+    results = pd.DataFrame(rows)
+    results.to_parquet(out_dir / "results.parquet", index=False)
+    cap = {f"{sc.profile}/{sc.mix}": v for sc, v in capacity.items()}
+    rep = Reproduction(results, cap, headline(results))
+    rep.headline["capacity_requests_per_s"] = cap
+    (out_dir / "headline.json").write_text(json.dumps(_clean(rep.headline), indent=2) + "\n")
+    plot(results, out_dir)
+    return rep
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float) and math.isnan(x):
+        return None
+    if isinstance(x, np.generic):
+        return _clean(x.item())
+    return x
+
+
+def plot(results: pd.DataFrame, out_dir: Path) -> None:
+    """One figure per experiment: mean QoE against its knob, a line per policy/variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xlabels = {
+        "intensity": "burst intensity (Fig. 15)",
+        "duration": "burst duration (Fig. 16)",
+        "poisson": "Poisson rate / capacity (Fig. 20)",
+        "refiner": "burst duration (Fig. 17)",
+        "solver": "burst intensity (Fig. 18)",
+        "delta_t": "Δt, s (Fig. 19)",
+    }
+    for exp, g in results.groupby("experiment"):
+        scen = sorted({(p, m) for p, m in zip(g["profile"], g["mix"], strict=True)})
+        fig, axes = plt.subplots(1, len(scen), figsize=(4.2 * len(scen), 3.4), squeeze=False)
+        for ax, (profile, mix) in zip(axes[0], scen, strict=True):
+            s = g[(g["profile"] == profile) & (g["mix"] == mix)]
+            for label, line in s.groupby("label"):
+                line = line.sort_values("x")
+                ax.plot(line["x"], line["qoe_mean"], marker="o", label=str(label))
+            ax.axhline(0.95, color="grey", lw=0.7, ls="--")
+            ax.set_title(f"{profile}\n{mix}", fontsize=9)
+            ax.set_xlabel(xlabels.get(str(exp), str(exp)))
+            ax.set_ylabel("mean QoE")
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{exp}.png", dpi=110)
+        plt.close(fig)
+
+
+def summary_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean QoE per experiment, scenario and policy/variant (averaged over the knob)."""
+    return (
+        results.groupby(["experiment", "profile", "mix", "label"])["qoe_mean"]
+        .mean()
+        .unstack("label")
+        .round(3)
+    )

@@ -1,0 +1,52 @@
+"""`sloserve reproduce andes --quick`: the evaluation harness end to end (about 15 s)."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from sloserve.cli import app
+from sloserve.experiments.andes_repro import Plan, Scenario, _max_sustained, plan_runs
+
+
+def test_quick_reproduction_writes_results_plots_and_headline(tmp_path: Path) -> None:
+    out = tmp_path / "andes"
+    res = CliRunner().invoke(
+        app, ["reproduce", "andes", "--quick", "--out", str(out), "--workers", "2"]
+    )
+    assert res.exit_code == 0, res.output
+    results = pd.read_parquet(out / "results.parquet")
+    for exp in ("intensity", "duration", "poisson", "refiner", "solver"):
+        assert (out / f"{exp}.png").stat().st_size > 0
+        assert (results["experiment"] == exp).any()
+    head = json.loads((out / "headline.json").read_text())
+    assert head["paper"]["qoe_ratio_vs_vllm_intensity"] == 4.7
+    sc = head["scenarios"]["llama-2-7b-a100/andes-sharegpt"]
+    # Andes beats vLLM under the default burst, and the refiner cuts preemptions
+    e = results[(results["experiment"] == "intensity") & (results["x"] == 2.0)].set_index("policy")
+    assert e.loc["andes", "qoe_mean"] > e.loc["vllm", "qoe_mean"]
+    assert (
+        sc["preemptions_per_request"]["refiner on"] < sc["preemptions_per_request"]["refiner off"]
+    )
+    assert "headline" in res.stdout and "paper" in res.stdout
+
+
+def test_plan_covers_every_policy_and_knob() -> None:
+    plan = Plan.full()
+    assert Scenario("llama-2-7b-a100", "lmsys") in plan.scenarios
+    assert (
+        len({s.profile for s in plan.scenarios}) >= 2 and len({s.mix for s in plan.scenarios}) >= 2
+    )
+    runs = plan_runs(plan, {s: 3.0 for s in plan.scenarios})
+    assert {r.policy for r in runs} == {"vllm", "sarathi", "lqsf", "andes"}
+    bursts = [r for r in runs if r.arrival["kind"] == "bursty"]
+    assert all(r.arrival["intensity"] * r.arrival["burst_fraction"] < 1 for r in bursts)
+    assert all(r.arrival["rate"] == 3.0 for r in bursts)  # mean rate = measured capacity
+
+
+def test_max_sustained_interpolates_the_qoe_line() -> None:
+    df = pd.DataFrame({"x": [1.0, 2.0, 3.0], "qoe_mean": [0.99, 0.97, 0.91]})
+    assert _max_sustained(df) == pytest.approx(2.0 + (0.97 - 0.95) / (0.97 - 0.91))
+    assert _max_sustained(df.assign(qoe_mean=[0.9, 0.8, 0.7])) != _max_sustained(df)
