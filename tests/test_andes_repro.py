@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -11,14 +12,38 @@ from sloserve.cli import app
 from sloserve.experiments.andes_repro import Plan, Scenario, _max_sustained, plan_runs
 
 
+def _burstgpt(path: Path, n: int = 300) -> Path:
+    """A small BurstGPT-format log: 300 requests over 90 s, a few failures."""
+    rng = np.random.default_rng(0)
+    t = np.sort(rng.uniform(0, 90, n))
+    lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    for i, ts in enumerate(t):
+        p, o = int(rng.integers(50, 1500)), (0 if i % 50 == 0 else int(rng.integers(20, 400)))
+        lines.append(f"{ts:.3f},ChatGPT,{p},{o},{p + o},Conversation log")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def test_quick_reproduction_writes_results_plots_and_headline(tmp_path: Path) -> None:
     out = tmp_path / "andes"
+    bg = _burstgpt(tmp_path / "burstgpt.csv")
     res = CliRunner().invoke(
-        app, ["reproduce", "andes", "--quick", "--out", str(out), "--workers", "2"]
+        app,
+        [
+            "reproduce",
+            "andes",
+            "--quick",
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--burstgpt",
+            str(bg),
+        ],
     )
     assert res.exit_code == 0, res.output
     results = pd.read_parquet(out / "results.parquet")
-    for exp in ("intensity", "duration", "poisson", "refiner", "solver"):
+    for exp in ("intensity", "duration", "poisson", "refiner", "solver", "burstgpt"):
         assert (out / f"{exp}.png").stat().st_size > 0
         assert (results["experiment"] == exp).any()
     head = json.loads((out / "headline.json").read_text())
@@ -31,6 +56,9 @@ def test_quick_reproduction_writes_results_plots_and_headline(tmp_path: Path) ->
         sc["preemptions_per_request"]["refiner on"] < sc["preemptions_per_request"]["refiner off"]
     )
     assert "headline" in res.stdout and "paper" in res.stdout
+    bg_rows = results[results["experiment"] == "burstgpt"]
+    assert set(bg_rows["policy"]) == {"vllm", "sarathi", "lqsf", "andes"}
+    assert (bg_rows["requests"] == 294).all()  # 6 failed requests dropped
 
 
 def test_plan_covers_every_policy_and_knob() -> None:

@@ -837,6 +837,10 @@ def reproduce_andes(
     workers: Annotated[
         int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
     ] = None,
+    burstgpt: Annotated[
+        Path | None,
+        typer.Option("--burstgpt", help="Also replay this BurstGPT CSV (§6.2) for every policy."),
+    ] = None,
 ) -> None:
     """Andes §6.3–6.4: cyclic bursts (intensity, duration), Poisson load, and the refiner,
     solver and Δt ablations; plots, a table and the headline numbers beside the paper's."""
@@ -848,7 +852,13 @@ def reproduce_andes(
         def progress(done: int, total: int) -> None:
             status.update(f"simulating… {done}/{total} runs")
 
-        rep = reproduce(plan, out, workers=workers, progress=progress)
+        rep = reproduce(
+            plan,
+            out,
+            workers=workers,
+            progress=progress,
+            burstgpt=str(burstgpt) if burstgpt is not None else None,
+        )
     table = summary_table(rep.results)
     console.print(table.to_string(), highlight=False)
     console.print(f"capacity (requests/s without bursts): {rep.capacity}")

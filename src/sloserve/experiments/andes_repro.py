@@ -129,19 +129,29 @@ class Run:
     label: str
     seed: int
     max_running: int
-
     duration_s: float
+    trace: str | None = None
 
     def config(self) -> SimConfig:
+        spec: dict[str, Any]
+        if self.trace is not None:
+            # a real BurstGPT log: its own arrivals and lengths, replayed x times faster
+            spec = {
+                "trace": self.trace,
+                "trace_format": "burstgpt",
+                "replay": {"speedup": self.x, "max_context": 4096},
+                "duration_s": self.duration_s,
+                "seed": self.seed,
+            }
+        else:
+            spec = {
+                "mix": self.scenario.mix,
+                "arrival": self.arrival,
+                "duration_s": self.duration_s,
+                "seed": self.seed,
+            }
         return SimConfig(
-            workload=WorkloadSpec.model_validate(
-                {
-                    "mix": self.scenario.mix,
-                    "arrival": self.arrival,
-                    "duration_s": self.duration_s,
-                    "seed": self.seed,
-                }
-            ),
+            workload=WorkloadSpec.model_validate(spec),
             instance=InstanceConfig(profile=self.scenario.profile, max_running=self.max_running),
             policy=self.policy,
             policy_params=dict(self.params),
@@ -333,14 +343,30 @@ def headline(results: pd.DataFrame, reading_speed: float = 4.8) -> dict[str, Any
     return out
 
 
+def burstgpt_runs(
+    plan: Plan, path: str, speedups: tuple[float, ...] = (1.0, 2.0, 4.0)
+) -> list[Run]:
+    """Replay a BurstGPT CSV (§6.2's real-trace experiment) on the plan's first profile,
+    for every policy, at a few speed-ups (one cycle's worth of time each)."""
+    sc = Scenario(plan.scenarios[0].profile, "burstgpt")
+    return [
+        Run("burstgpt", sc, pol, (), {"kind": "trace"}, k, pol, plan.seed, plan.max_running,
+            plan.cycle_s, trace=path)
+        for pol in POLICIES
+        for k in speedups
+    ]  # fmt: skip
+
+
 def reproduce(
     plan: Plan,
     out: str | Path,
     *,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    burstgpt: str | None = None,
 ) -> Reproduction:
-    """Run the grid (in parallel processes), write results, plots and the headline table."""
+    """Run the grid (in parallel processes), write results, plots and the headline table.
+    With ``burstgpt`` (a BurstGPT CSV), also replay that real trace for every policy."""
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -350,6 +376,11 @@ def reproduce(
         sc: throughput(sc, seed=plan.seed, max_running=plan.max_running) for sc in plan.scenarios
     }
     runs = plan_runs(plan, capacity)
+    if burstgpt is not None:
+        from sloserve.workloads.loaders import load_burstgpt
+
+        load_burstgpt(burstgpt)  # fail now, with the file's own error, not in a worker
+        runs += burstgpt_runs(plan, burstgpt)
     rows: list[dict[str, Any]] = []
     n_workers = workers or max(1, min(len(runs), os.cpu_count() or 1))
     if n_workers == 1:
@@ -397,6 +428,7 @@ def plot(results: pd.DataFrame, out_dir: Path) -> None:
         "intensity": "burst intensity (Fig. 15)",
         "duration": "burst duration (Fig. 16)",
         "poisson": "Poisson rate / capacity (Fig. 20)",
+        "burstgpt": "BurstGPT replay speed-up (§6.2)",
         "refiner": "burst duration (Fig. 17)",
         "solver": "burst intensity (Fig. 18)",
         "delta_t": "Δt, s (Fig. 19)",
