@@ -3,8 +3,11 @@ stderr and exit status 2."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -204,6 +207,107 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Options shared by several commands: declared once, added to each command's signature by
+# :func:`_with_flags` (typer reads the signature), and handed over as one ``flags`` dict.
+_FLAG_OPTIONS: dict[str, Any] = {
+    "workload": WorkloadOpt,
+    "trace": TraceOpt,
+    "trace_format": TraceFormatOpt,
+    "trace_use": TraceUseOpt,
+    "columns": ColumnsOpt,
+    "strict": StrictOpt,
+    "keep_failures": KeepFailOpt,
+    "tokenizer": TokenizerOpt,
+    "speedup": SpeedupOpt,
+    "window_start": WinStartOpt,
+    "window_end": WinEndOpt,
+    "sample": SampleOpt,
+    "max_context": MaxCtxOpt,
+    "slo": SloOpt,
+    "reading_speed": ReadingOpt,
+    "arrival": ArrivalOpt,
+    "rate": RateOpt,
+    "cv": CvOpt,
+    "burst_intensity": BurstIOpt,
+    "burst_fraction": BurstFOpt,
+    "burst_period": BurstPOpt,
+    "duration": DurationOpt,
+    "num_requests": NumReqOpt,
+    "seed": SeedOpt,
+    "profile": ProfileOpt,
+    "max_running": MaxRunOpt,
+    "max_batch_tokens": MaxTokOpt,
+    "chunk_size": ChunkOpt,
+    "block_size": BlockOpt,
+    "kv_utilization": KvUtilOpt,
+    "kv_capacity": KvCapOpt,
+    "predictor": PredOpt,
+    "cost_model": CostOpt,
+    "horizon": HorizonOpt,
+}
+_WORKLOAD_FLAGS = (
+    "workload",
+    "trace",
+    "trace_format",
+    "trace_use",
+    "columns",
+    "strict",
+    "keep_failures",
+    "tokenizer",
+    "speedup",
+    "window_start",
+    "window_end",
+    "sample",
+    "max_context",
+    "slo",
+    "reading_speed",
+    "arrival",
+    "rate",
+    "cv",
+    "burst_intensity",
+    "burst_fraction",
+    "burst_period",
+    "duration",
+    "num_requests",
+    "seed",
+)
+_INSTANCE_FLAGS = (
+    "profile",
+    "max_running",
+    "max_batch_tokens",
+    "chunk_size",
+    "block_size",
+    "kv_utilization",
+    "kv_capacity",
+    "predictor",
+    "cost_model",
+    "horizon",
+)
+
+
+def _with_flags(*names: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give a command the shared options ``names``; it receives them as ``flags=``."""
+
+    def deco(fn: Callable[..., None]) -> Callable[..., None]:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "flags"]
+        extra = [
+            inspect.Parameter(
+                n, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_FLAG_OPTIONS[n]
+            )
+            for n in names
+        ]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> None:
+            fn(flags={n: kwargs.pop(n) for n in names}, **kwargs)
+
+        command.__signature__ = sig.replace(parameters=own + extra)  # type: ignore[attr-defined]
+        return command
+
+    return deco
+
+
 def _speed(v: str) -> float | str:
     try:
         return float(v)
@@ -286,53 +390,21 @@ def _summary_table(results: dict[str, Any], title: str) -> Table:
 
 # ----------------------------------------------------------------------------- commands
 @app.command()
+@_with_flags(*_WORKLOAD_FLAGS, *_INSTANCE_FLAGS)
 def simulate(
     config: ConfigOpt = None,
     policy: Annotated[
         str | None, typer.Option("--policy", help="Scheduling policy (see `sloserve policies`).")
     ] = None,
-    workload: WorkloadOpt = None,
-    trace: TraceOpt = None,
-    trace_format: TraceFormatOpt = None,
-    trace_use: TraceUseOpt = None,
-    columns: ColumnsOpt = None,
-    strict: StrictOpt = None,
-    keep_failures: KeepFailOpt = None,
-    tokenizer: TokenizerOpt = None,
-    speedup: SpeedupOpt = None,
-    window_start: WinStartOpt = None,
-    window_end: WinEndOpt = None,
-    sample: SampleOpt = None,
-    max_context: MaxCtxOpt = None,
-    slo: SloOpt = None,
-    reading_speed: ReadingOpt = None,
-    arrival: ArrivalOpt = None,
-    rate: RateOpt = None,
-    cv: CvOpt = None,
-    burst_intensity: BurstIOpt = None,
-    burst_fraction: BurstFOpt = None,
-    burst_period: BurstPOpt = None,
-    duration: DurationOpt = None,
-    num_requests: NumReqOpt = None,
-    seed: SeedOpt = None,
-    profile: ProfileOpt = None,
-    max_running: MaxRunOpt = None,
-    max_batch_tokens: MaxTokOpt = None,
-    chunk_size: ChunkOpt = None,
-    block_size: BlockOpt = None,
-    kv_utilization: KvUtilOpt = None,
-    kv_capacity: KvCapOpt = None,
-    predictor: PredOpt = None,
-    cost_model: CostOpt = None,
-    horizon: HorizonOpt = None,
     out: OutOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary only.")] = False,
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Simulate one policy on one replica and print its summary."""
     from sloserve.experiments.report import _jsonable, write_report
     from sloserve.experiments.runner import simulate as run_one
 
-    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
     cfg, listed = _build_config({}, config, flags)
     if policy is not None:
         cfg = cfg.model_copy(update={"policy": policy})
@@ -415,50 +487,18 @@ class _null:
 
 
 @app.command()
+@_with_flags(*_WORKLOAD_FLAGS, *_INSTANCE_FLAGS)
 def compare(
     config: ConfigOpt = None,
     policies: Annotated[
         str | None, typer.Option("--policies", help="Comma-separated policies to compare.")
     ] = None,
-    workload: WorkloadOpt = None,
-    trace: TraceOpt = None,
-    trace_format: TraceFormatOpt = None,
-    trace_use: TraceUseOpt = None,
-    columns: ColumnsOpt = None,
-    strict: StrictOpt = None,
-    keep_failures: KeepFailOpt = None,
-    tokenizer: TokenizerOpt = None,
-    speedup: SpeedupOpt = None,
-    window_start: WinStartOpt = None,
-    window_end: WinEndOpt = None,
-    sample: SampleOpt = None,
-    max_context: MaxCtxOpt = None,
-    slo: SloOpt = None,
-    reading_speed: ReadingOpt = None,
-    arrival: ArrivalOpt = None,
-    rate: RateOpt = None,
-    cv: CvOpt = None,
-    burst_intensity: BurstIOpt = None,
-    burst_fraction: BurstFOpt = None,
-    burst_period: BurstPOpt = None,
-    duration: DurationOpt = None,
-    num_requests: NumReqOpt = None,
-    seed: SeedOpt = None,
-    profile: ProfileOpt = None,
-    max_running: MaxRunOpt = None,
-    max_batch_tokens: MaxTokOpt = None,
-    chunk_size: ChunkOpt = None,
-    block_size: BlockOpt = None,
-    kv_utilization: KvUtilOpt = None,
-    kv_capacity: KvCapOpt = None,
-    predictor: PredOpt = None,
-    cost_model: CostOpt = None,
-    horizon: HorizonOpt = None,
     out: OutOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summaries only.")] = False,
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Compare policies on the very same requests; print a table, optionally write a report."""
-    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
     _compare({}, config, flags, policies, out, as_json)
 
 
@@ -496,33 +536,9 @@ def _workload_from_flags(config: Path | None, flags: dict[str, Any]) -> Any:
 
 
 @workload_app.command("describe")
+@_with_flags(*_WORKLOAD_FLAGS, "profile")
 def workload_describe(
     config: ConfigOpt = None,
-    workload: WorkloadOpt = None,
-    trace: TraceOpt = None,
-    trace_format: TraceFormatOpt = None,
-    trace_use: TraceUseOpt = None,
-    columns: ColumnsOpt = None,
-    strict: StrictOpt = None,
-    keep_failures: KeepFailOpt = None,
-    tokenizer: TokenizerOpt = None,
-    speedup: SpeedupOpt = None,
-    window_start: WinStartOpt = None,
-    window_end: WinEndOpt = None,
-    sample: SampleOpt = None,
-    max_context: MaxCtxOpt = None,
-    slo: SloOpt = None,
-    reading_speed: ReadingOpt = None,
-    arrival: ArrivalOpt = None,
-    rate: RateOpt = None,
-    cv: CvOpt = None,
-    burst_intensity: BurstIOpt = None,
-    burst_fraction: BurstFOpt = None,
-    burst_period: BurstPOpt = None,
-    duration: DurationOpt = None,
-    num_requests: NumReqOpt = None,
-    seed: SeedOpt = None,
-    profile: ProfileOpt = None,
     bin_s: Annotated[
         float | None, typer.Option("--bin", help="Rate-over-time bin width (s).")
     ] = None,
@@ -530,12 +546,13 @@ def workload_describe(
         Path | None, typer.Option("--plot", help="Write a PNG of rate and lengths.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the statistics as JSON.")] = False,
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Print a workload's statistics: count, rate over time, length percentiles, classes."""
     from sloserve.experiments.report import _jsonable
     from sloserve.workloads.describe import describe, plot_workload
 
-    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
     wl = _workload_from_flags(config, flags)
     stats = describe(wl.requests, bin_s=bin_s)
     stats["notes"] = wl.notes
@@ -581,39 +598,16 @@ def workload_describe(
 
 
 @workload_app.command("export")
+@_with_flags(*_WORKLOAD_FLAGS, "profile")
 def workload_export(
     out: Annotated[Path, typer.Option("--out", help="CSV file to write (sloserve trace format).")],
     config: ConfigOpt = None,
-    workload: WorkloadOpt = None,
-    trace: TraceOpt = None,
-    trace_format: TraceFormatOpt = None,
-    trace_use: TraceUseOpt = None,
-    columns: ColumnsOpt = None,
-    strict: StrictOpt = None,
-    keep_failures: KeepFailOpt = None,
-    tokenizer: TokenizerOpt = None,
-    speedup: SpeedupOpt = None,
-    window_start: WinStartOpt = None,
-    window_end: WinEndOpt = None,
-    sample: SampleOpt = None,
-    max_context: MaxCtxOpt = None,
-    slo: SloOpt = None,
-    reading_speed: ReadingOpt = None,
-    arrival: ArrivalOpt = None,
-    rate: RateOpt = None,
-    cv: CvOpt = None,
-    burst_intensity: BurstIOpt = None,
-    burst_fraction: BurstFOpt = None,
-    burst_period: BurstPOpt = None,
-    duration: DurationOpt = None,
-    num_requests: NumReqOpt = None,
-    seed: SeedOpt = None,
-    profile: ProfileOpt = None,
+    *,
+    flags: dict[str, Any],
 ) -> None:
     """Write a workload as a trace CSV, to replay it exactly later (--trace FILE)."""
     from sloserve.workloads.describe import export_trace
 
-    flags = {k: v for k, v in locals().items() if k in _FLAG_PATHS}
     wl = _workload_from_flags(config, flags)
     export_trace(wl.requests, out)
     console.print(f"{len(wl.requests)} requests written to {out}")
