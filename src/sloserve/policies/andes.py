@@ -1077,6 +1077,31 @@ class QoEScheduler(Scheduler):
                 return accepted
             o_prev, l_prev = float(cum[-1]), float(exact[-1])
 
+    config: Any
+    """The policy's frozen config dataclass (reported by :meth:`describe`)."""
+
+    def describe(self) -> dict[str, object]:
+        d: dict[str, object] = {"name": self.name}
+        d.update(dataclasses.asdict(self.config))
+        return d
+
+    def schedule(self, view: InstanceView) -> SchedulerOutput:
+        """Track QoE; when triggered, let the subclass decide on the estimates; otherwise
+        (or with nothing to decide on) behave as vLLM."""
+        self.stats["decisions"] += 1
+        run_slots = self.tracker.sync(view.running, view.iter_end, view.predictor)
+        if not self._triggered(view, run_slots):
+            return self._delegate(view)
+        self.stats["triggered"] += 1
+        est = self._estimate(view, run_slots)
+        if est.size == 0:
+            return self._delegate(view)
+        return self._checked(view, self._decide(view, est))
+
+    def _decide(self, view: InstanceView, est: Estimate) -> SchedulerOutput:
+        """The policy's own choice given this decision's estimates (extension point)."""
+        raise NotImplementedError
+
     def _delegate(self, view: InstanceView) -> SchedulerOutput:
         """vLLM's decision. Its fast path is kept only while nothing waits, and only up to
         the KV watermark (``repeat_reserve_blocks``), so that a fast-forwarded run never
@@ -1120,24 +1145,10 @@ class AndesScheduler(QoEScheduler):
         self.config = cfg
         self.victim_gains = cfg.refiner_victim_gains
 
-    def describe(self) -> dict[str, object]:
-        d: dict[str, object] = {"name": self.name}
-        d.update(dataclasses.asdict(self.config))
-        return d
-
     # ------------------------------------------------------------------ decision
-    def schedule(self, view: InstanceView) -> SchedulerOutput:
-        self.stats["decisions"] += 1
-        run_slots = self.tracker.sync(view.running, view.iter_end, view.predictor)
-        if not self._triggered(view, run_slots):
-            return self._delegate(view)
-        self.stats["triggered"] += 1
-        est = self._estimate(view, run_slots)
-        if est.size == 0:
-            return self._delegate(view)
+    def _decide(self, view: InstanceView, est: Estimate) -> SchedulerOutput:
         selected, order, b = self._solve(view, est)
-        out = self._execute(view, est, selected, order, b, self.config.refiner)
-        return self._checked(view, out)
+        return self._execute(view, est, selected, order, b, self.config.refiner)
 
     def _candidates(self, view: InstanceView, est: Estimate) -> tuple[list[int], float]:
         """Batch sizes to try, and the mean context length τ(B) is priced with."""

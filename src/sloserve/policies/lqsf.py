@@ -30,13 +30,13 @@ resource usage of requests". Our reading:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from sloserve.engine.interface import InstanceView, Scheduler, SchedulerOutput
-from sloserve.policies.andes import ModeName, QoEScheduler, config_from_params
+from sloserve.policies.andes import Estimate, ModeName, QoEScheduler, config_from_params
 
 
 @dataclass(frozen=True)
@@ -96,20 +96,7 @@ class LQSFScheduler(QoEScheduler):
         )
         self.config = cfg
 
-    def describe(self) -> dict[str, object]:
-        d: dict[str, object] = {"name": self.name}
-        d.update(asdict(self.config))
-        return d
-
-    def schedule(self, view: InstanceView) -> SchedulerOutput:
-        self.stats["decisions"] += 1
-        run_slots = self.tracker.sync(view.running, view.iter_end, view.predictor)
-        if not self._triggered(view, run_slots):
-            return self._delegate(view)
-        self.stats["triggered"] += 1
-        est = self._estimate(view, run_slots)
-        if est.size == 0:
-            return self._delegate(view)
+    def _decide(self, view: InstanceView, est: Estimate) -> SchedulerOutput:
         _lo, b_max, mean_len = self._batch_range(view, est)
         tau = self._tau(view.cost_model, b_max, mean_len)
         q_serve = est.q_serve(tau)
@@ -133,8 +120,7 @@ class LQSFScheduler(QoEScheduler):
             fits = np.searchsorted(np.cumsum(est.blocks[rest]), room, "right")
             selected[rest[: max(0, min(int(fits), view.limits.max_running - n_run))]] = True
         # No batch-size search: every running request decodes (up to R_max).
-        out = self._execute(view, est, selected, order, view.limits.max_running, refiner=False)
-        return self._checked(view, out)
+        return self._execute(view, est, selected, order, view.limits.max_running, refiner=False)
 
 
 def make_lqsf(params: Mapping[str, Any]) -> Scheduler:
