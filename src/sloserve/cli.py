@@ -49,8 +49,9 @@ TraceOpt = Annotated[
     Path | None,
     typer.Option(
         "--trace",
-        help="Replay a CSV exactly: arrival_s,prompt_tokens,output_tokens and optional "
-        "class,priority,model,ttft_slo_s,tpot_slo_s,deadline_s.",
+        help="A trace to replay (format: --trace-format; default sloserve's CSV with "
+        "arrival_s,prompt_tokens,output_tokens and optional class,priority,model,"
+        "ttft_slo_s,tpot_slo_s,deadline_s,qoe_ttft_s,qoe_tokens_per_s).",
     ),
 ]
 TraceFormatOpt = Annotated[
@@ -402,7 +403,7 @@ def simulate(
     flags: dict[str, Any],
 ) -> None:
     """Simulate one policy on one replica and print its summary."""
-    from sloserve.experiments.report import _jsonable, write_report
+    from sloserve.experiments.report import jsonable, write_report
     from sloserve.experiments.runner import simulate as run_one
 
     cfg, listed = _build_config({}, config, flags)
@@ -420,7 +421,7 @@ def simulate(
     if out is not None:
         write_report({cfg.policy: result}, out)
     if as_json:
-        sys.stdout.write(json.dumps(_jsonable(result.summary), indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable(result.summary), indent=2) + "\n")
         return
     console.print(
         _summary_table(
@@ -442,7 +443,7 @@ def _compare(
     out: Path | None,
     as_json: bool,
 ) -> None:
-    from sloserve.experiments.report import _jsonable, write_report
+    from sloserve.experiments.report import jsonable, write_report
     from sloserve.experiments.runner import compare as run_many
 
     cfg, listed = _build_config(base, config, flags)
@@ -455,7 +456,7 @@ def _compare(
         write_report(results, out)
     if as_json:
         sys.stdout.write(
-            json.dumps(_jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
+            json.dumps(jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
         )
         return
     first = next(iter(results.values()))
@@ -550,7 +551,7 @@ def workload_describe(
     flags: dict[str, Any],
 ) -> None:
     """Print a workload's statistics: count, rate over time, length percentiles, classes."""
-    from sloserve.experiments.report import _jsonable
+    from sloserve.experiments.report import jsonable
     from sloserve.workloads.describe import describe, plot_workload
 
     wl = _workload_from_flags(config, flags)
@@ -564,7 +565,7 @@ def workload_describe(
     if plot is not None:
         plot_workload(wl.requests, plot, bin_s=bin_s)
     if as_json:
-        sys.stdout.write(json.dumps(_jsonable(stats), indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable(stats), indent=2) + "\n")
         return
     t = Table(title=f"{stats['requests']} requests over {stats['span_s']:.1f} s", show_header=True)
     t.add_column("tokens", no_wrap=True)
@@ -700,13 +701,13 @@ def costmodel_fit(
         profile_from_csv,
         write_profile_yaml,
     )
-    from sloserve.experiments.report import _jsonable
+    from sloserve.experiments.report import jsonable
 
     if out is None:
         coeffs, report = fit_profile_csv(csv)
         if as_json:
             payload = {"coefficients": coeffs.model_dump(), "report": report}
-            sys.stdout.write(json.dumps(_jsonable(payload), indent=2) + "\n")
+            sys.stdout.write(json.dumps(jsonable(payload), indent=2) + "\n")
             return
         console.print(format_fit_report(report), highlight=False)
         console.print(coeffs.model_dump(), highlight=False)
@@ -716,7 +717,7 @@ def costmodel_fit(
     )
     write_profile_yaml(prof, out)
     if as_json:
-        sys.stdout.write(json.dumps(_jsonable(prof.fit_report), indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable(prof.fit_report), indent=2) + "\n")
         return
     console.print(format_fit_report(prof.fit_report), highlight=False)
     console.print(f"profile written to {out}; use it with --profile {out}")

@@ -294,9 +294,6 @@ class PagedKVManager(KVCacheManager):
         if entry is not None:
             self.cpu.used_blocks -= entry[1]
 
-    def is_swapped(self, req_id: int) -> bool:
-        return req_id in self._swapped
-
     def check_invariants(self) -> None:
         seen: set[int] = set()
         for b in self._free:

@@ -50,15 +50,15 @@ def summary_rows(results: Mapping[str, RunResult]) -> list[list[str]]:
     ]
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if isinstance(x, float) and math.isnan(x):
         return None
     if isinstance(x, np.generic):
-        return _jsonable(x.item())
+        return jsonable(x.item())
     return x
 
 
@@ -81,7 +81,7 @@ def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bo
     pd.concat(tables, ignore_index=True).to_parquet(out_dir / "requests.parquet", index=False)
     pd.concat(traces, ignore_index=True).to_parquet(out_dir / "trace.parquet", index=False)
     (out_dir / "summary.json").write_text(
-        json.dumps(_jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
+        json.dumps(jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
     )
     first = next(iter(results.values()))
     (out_dir / "config.json").write_text(
