@@ -1,5 +1,9 @@
-"""The ``sloserve`` command line (typer). Every error a user can cause ends as one line on
-stderr and exit status 2."""
+"""The ``sloserve`` typer app, its shared options and the core commands.
+
+Command families that grew their own modules (``optimal``, ``serve``, ``reproduce bros``,
+``reproduce infermax``) live beside this file and register on ``app`` / ``reproduce_app``
+when ``sloserve.cli`` is imported. Every error a user can cause ends as one line on stderr
+and exit status 2 (``main``)."""
 
 from __future__ import annotations
 
@@ -921,6 +925,3 @@ def main() -> None:
         )
         sys.exit(2)
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,17 @@
+"""The ``sloserve`` command line.
+
+``_app`` holds the typer app, the options shared by several commands and the core commands;
+each other module here adds one command family to it when imported. Importing this package
+therefore registers every command, whichever entry point is used (the ``sloserve`` console
+script, ``python -m sloserve.cli`` or ``typer.testing.CliRunner`` on ``app``).
+"""
+
+from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
+    optimal,
+    reproduce_bros,
+    reproduce_infermax,
+    serve,
+)
+from sloserve.cli._app import app, main
+
+__all__ = ["app", "main"]

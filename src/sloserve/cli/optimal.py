@@ -1,0 +1,1 @@
+"""CLI commands: optimal (registered on import by ``sloserve.cli``)."""

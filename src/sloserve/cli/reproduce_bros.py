@@ -1,0 +1,1 @@
+"""CLI commands: reproduce_bros (registered on import by ``sloserve.cli``)."""

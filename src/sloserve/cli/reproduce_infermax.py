@@ -1,0 +1,1 @@
+"""CLI commands: reproduce_infermax (registered on import by ``sloserve.cli``)."""

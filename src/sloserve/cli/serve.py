@@ -1,0 +1,1 @@
+"""CLI commands: serve (registered on import by ``sloserve.cli``)."""
