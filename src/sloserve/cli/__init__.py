@@ -12,6 +12,6 @@ from sloserve.cli import (  # noqa: F401  (imported for their command registrati
     reproduce_infermax,
     serve,
 )
-from sloserve.cli._app import app, main
+from sloserve.cli._app import app, console, err_console, main
 
-__all__ = ["app", "main"]
+__all__ = ["app", "console", "err_console", "main"]
