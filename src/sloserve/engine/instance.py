@@ -131,6 +131,8 @@ class Instance:
         self._busy = False
         self._wake_pending = False
         self._pending: _Pending | None = None
+        self._abort_after: list[Request] = []
+        """Requests whose abort waits for the in-flight iteration that contains them."""
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -531,6 +533,10 @@ class Instance:
             return
         self._pending = None
         self._retire(pending, len(pending.ends))
+        if self._abort_after:
+            aborts, self._abort_after = self._abort_after, []
+            for r in aborts:
+                self.abort(r)
         self._iterate()
 
     def _retire(self, pending: _Pending, k: int) -> None:
@@ -579,6 +585,32 @@ class Instance:
             self._done(r)
 
     # ------------------------------------------------------------------ teardown
+    def abort(self, req: Request) -> bool:
+        """Abort one live request (its client went away) and free its KV cache.
+
+        A request in the iteration now in flight is aborted when that iteration ends: the
+        batch was priced and the GPU is busy with it either way, and retiring it half-way
+        would break the token accounting. Returns False when ``req`` had already ended (or
+        is not on this instance); True when it is aborted now or will be.
+        """
+        if req.status.is_terminal or req.instance_id != self.instance_id:
+            return False
+        pending = self._pending
+        if pending is not None and any(r is req for r, _n in pending.batch):
+            if all(r is not req for r in self._abort_after):
+                self._abort_after.append(req)
+            return True
+        now = self.env.now
+        if req.status is RequestStatus.PREEMPTED_SWAPPED:
+            self.kv.drop_swapped(req.req_id)
+            self.swapped.remove(req)
+        else:
+            self.kv.free(req.req_id)
+            (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
+        req.abort(now)
+        self._done(req)
+        return True
+
     def abort_all(self) -> int:
         """Abort every live request (the run's horizon was reached); returns how many."""
         now = self.env.now
@@ -602,5 +634,6 @@ class Instance:
         self.waiting.clear()
         self.running.clear()
         self.swapped.clear()
+        self._abort_after.clear()
         self._busy = False
         return len(live)
