@@ -3,11 +3,10 @@ request in the iteration in flight is aborted when that iteration ends."""
 
 from __future__ import annotations
 
+from helpers import make_instance, req
 from sloserve.core.request import RequestStatus
 from sloserve.costmodel.base import ConstantCostModel
 from sloserve.engine.env import PRIO_ARRIVAL
-
-from helpers import make_instance, req
 
 
 def test_abort_waiting_running_and_in_flight() -> None:
