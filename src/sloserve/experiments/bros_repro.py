@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sloserve.core.errors import ConfigError
+from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.experiments.runner import InstanceConfig, SimConfig, build_instance, simulate
 from sloserve.workloads import ConstantArrivals, WorkloadSpec
 from sloserve.workloads.spec import BatchJobs
@@ -302,10 +302,23 @@ def _mean(x: pd.Series) -> float:
     return float(v.mean()) if len(v) else float("nan")
 
 
+class RunFailed(SloserveError):
+    """A run of the grid ended with a typed error (a policy's violation, a stall, …); the
+    message names the run. One string argument, so it crosses process boundaries (some
+    typed errors take several arguments and cannot be unpickled)."""
+
+
+def _describe(run: Run) -> str:
+    return f"{run.experiment} {run.scenario.key} {run.policy} at load {run.load:g}"
+
+
 def execute(run: Run) -> dict[str, Any]:
     """Simulate one run (arrivals for ``duration_s``, then drain); a row of results."""
     t0 = time.perf_counter()
-    res = simulate(run.config())
+    try:
+        res = simulate(run.config())
+    except SloserveError as e:
+        raise RunFailed(f"{_describe(run)}: {type(e).__name__}: {e}") from None
     tb = res.table
     rt = tb[tb["class"] == "rt"]
     be = tb[tb["class"] == "be"]
@@ -419,9 +432,14 @@ def measure_overhead(
 
 def _overhead_job(args: tuple[str, str, int, int, int]) -> dict[str, Any]:
     policy, profile, queued, iterations, seed = args
-    return measure_overhead(
-        policy, profile=profile, queued=queued, iterations=iterations, seed=seed
-    )
+    try:
+        return measure_overhead(
+            policy, profile=profile, queued=queued, iterations=iterations, seed=seed
+        )
+    except SloserveError as e:
+        raise RunFailed(
+            f"overhead {policy} with {queued} queued: {type(e).__name__}: {e}"
+        ) from None
 
 
 # ------------------------------------------------------------------ headline
@@ -732,13 +750,17 @@ def plot(results: pd.DataFrame, overhead: pd.DataFrame, out_dir: Path) -> None:
         plt.close(fig)
 
 
+SHORT_NAMES = {
+    "rt_norm_latency_s": "RT norm lat (s/tok)",
+    "rt_ttft_attainment": "TTFT att",
+    "rt_tpot_attainment": "TPOT att",
+    "be_throughput_rps": "BE req/s",
+    "rt_throughput_rps": "RT req/s",
+}
+
+
 def summary_table(results: pd.DataFrame) -> pd.DataFrame:
     """Per experiment, scenario and policy: the reported metrics averaged over rates."""
-    cols = [
-        "rt_norm_latency_s",
-        "rt_ttft_attainment",
-        "rt_tpot_attainment",
-        "be_throughput_rps",
-        "rt_throughput_rps",
-    ]
-    return results.groupby(["experiment", "profile", "mix", "policy"])[cols].mean().round(3)
+    cols = list(SHORT_NAMES)
+    t = results.groupby(["experiment", "profile", "mix", "policy"])[cols].mean().round(3)
+    return t.rename(columns=SHORT_NAMES)
