@@ -1,0 +1,566 @@
+"""The ``openai`` upstream backend: proxying, retries, breaker, health, queue, admission.
+
+Proxy tests run a small fake OpenAI-compatible engine (FastAPI in a uvicorn thread on
+127.0.0.1) whose behaviour each test sets; queue and admission tests need no HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from sloserve.core.errors import ConfigError
+from sloserve.core.request import SLO, RequestClass
+from sloserve.serve.backend import GenerationRequest, ServeError, TokenChunk
+from sloserve.serve.breaker import BreakerState, CircuitBreaker
+from sloserve.serve.scrape import parse_engine_load
+from sloserve.serve.upstream import OpenAIUpstreamBackend, UpstreamConfig
+
+# ---------------------------------------------------------------------------- fake engine
+
+
+class FakeEngine:
+    """An OpenAI-compatible streaming server whose behaviour the test sets."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.mode = "ok"  # ok | status500 | status400 | drop | no_finish
+        self.tokens = 4
+        self.tokens_per_chunk = 1
+        self.delay = 0.0
+        self.drop_after = 1
+        self.healthy = True
+        self.metrics = ""
+        self.disconnected = 0
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> Any:
+            return PlainTextResponse("ok", status_code=200 if self.healthy else 503)
+
+        @app.get("/metrics")
+        async def metrics() -> Any:
+            return PlainTextResponse(self.metrics)
+
+        @app.get("/v1/models")
+        async def models() -> Any:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            return await self._answer(request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            return await self._answer(request, chat=True)
+
+        self.app = app
+
+    async def _answer(self, request: Request, chat: bool) -> Any:
+        body = await request.json()
+        self.bodies.append(body)
+        if self.mode == "status500":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if self.mode == "status400":
+            return JSONResponse({"error": {"message": "bad max_tokens"}}, status_code=400)
+        mode, n, per, delay, drop_after = (
+            self.mode,
+            self.tokens,
+            self.tokens_per_chunk,
+            self.delay,
+            self.drop_after,
+        )
+
+        def chunk(text: str | None, finish: str | None) -> str:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                if chat:
+                    yield "data: " + json.dumps(
+                        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+                    ) + "\n\n"
+                for k in range(0, n, per):
+                    if mode == "drop" and k >= drop_after:
+                        raise RuntimeError("engine died")
+                    await asyncio.sleep(delay)
+                    yield chunk("t" * per, None)
+                if mode == "no_finish":
+                    return
+                yield chunk(None, "length")
+                usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": n + 7}
+                yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"
+                yield "data: [DONE]\n\n"
+            except asyncio.CancelledError:
+                self.disconnected += 1
+                raise
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _serve(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "fake engine did not start"
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}", server, t
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[tuple[str, FakeEngine]]]:
+    out, servers = [], []
+    for _ in range(2):
+        fe = FakeEngine()
+        url, server, t = _serve(fe.app)
+        out.append((url, fe))
+        servers.append((server, t))
+    yield out
+    for server, t in servers:
+        server.should_exit = True
+        t.join(5)
+
+
+@pytest.fixture
+def fakes(engines: list[tuple[str, FakeEngine]]) -> list[tuple[str, FakeEngine]]:
+    for _, fe in engines:  # reset behaviour between tests (module-scoped servers)
+        fe.bodies.clear()
+        fe.mode, fe.tokens, fe.tokens_per_chunk, fe.delay = "ok", 4, 1, 0.0
+        fe.healthy, fe.metrics, fe.disconnected, fe.drop_after = True, "", 0, 1
+    return engines
+
+
+def greq(
+    *,
+    endpoint: str = "completions",
+    prompt: int = 10,
+    max_tokens: int = 4,
+    priority: int = 0,
+    slo: SLO | None = None,
+    arrival: float | None = None,
+    cls: RequestClass = RequestClass.RT,
+    body: dict[str, Any] | None = None,
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="cmpl-t",
+        endpoint=endpoint,  # type: ignore[arg-type]
+        model="fake-model",
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        arrival=time.monotonic() if arrival is None else arrival,
+        priority=priority,
+        slo=slo or SLO(),
+        request_class=cls,
+        body=body if body is not None else {"model": "fake-model", "prompt": "hi"},
+    )
+
+
+async def collect(b: OpenAIUpstreamBackend, r: GenerationRequest) -> list[TokenChunk]:
+    return [c async for c in b.generate(r)]
+
+
+def run_backend(cfg: UpstreamConfig, fn: Any) -> Any:
+    async def main() -> Any:
+        b = OpenAIUpstreamBackend(cfg)
+        await b.start()
+        try:
+            return await fn(b)
+        finally:
+            await b.stop(1.0)
+
+    return asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- proxying
+
+
+def test_completions_stream_tokens_usage_and_forwarded_body(fakes: Any) -> None:
+    (url, fe), _ = fakes
+    cfg = UpstreamConfig(upstreams=(url,), health_interval_s=0)
+    body = {"model": "fake-model", "prompt": "hi", "slo": {"ttft_ms": 100}, "priority": 3, "stream": False}
+    chunks = run_backend(cfg, lambda b: collect(b, greq(body=body, priority=3)))
+    assert [c.text for c in chunks] == ["t", "t", "t", "t", ""]
+    assert [c.num_tokens for c in chunks] == [1, 1, 1, 1, 0]
+    assert chunks[-1].finish_reason == "length" and chunks[-1].prompt_tokens == 7
+    sent = fe.bodies[-1]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert "slo" not in sent and "priority" not in sent
+    assert sent["max_tokens"] == 4 and sent["prompt"] == "hi"
+    # With forward_priority the engine gets the request's priority.
+    cfg = UpstreamConfig(upstreams=(url,), health_interval_s=0, forward_priority=True)
+    run_backend(cfg, lambda b: collect(b, greq(body=body, priority=3)))
+    assert fe.bodies[-1]["priority"] == 3
+
+
+def test_chat_deltas_and_usage_correction(fakes: Any) -> None:
+    (url, fe), _ = fakes
+    fe.tokens, fe.tokens_per_chunk = 8, 2  # 4 chunks of 2 tokens; usage says 8
+    cfg = UpstreamConfig(upstreams=(url,), health_interval_s=0)
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    chunks = run_backend(cfg, lambda b: collect(b, greq(endpoint="chat.completions", body=body)))
+    assert "".join(c.text for c in chunks) == "t" * 8
+    assert sum(c.num_tokens for c in chunks) == 8
+    assert chunks[-1].num_tokens == 4 and chunks[-1].finish_reason == "length"
+
+
+def test_retry_before_first_byte_goes_to_the_other_upstream(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.mode = "status500"
+    cfg = UpstreamConfig(upstreams=(u1, u2), router="round-robin", health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        out = [await collect(b, greq()) for _ in range(4)]
+        return out, b.breakers()[u1]._failures, b.replicas()
+
+    out, failures, reps = run_backend(cfg, go)
+    assert all(sum(c.num_tokens for c in o) == 4 for o in out)
+    assert len(f2.bodies) == 4 and failures >= 1
+    assert all(r.in_flight == 0 for r in reps)
+
+
+def test_all_upstreams_failing_is_an_explicit_error_and_opens_breakers(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.mode = f2.mode = "status500"
+    cfg = UpstreamConfig(upstreams=(u1, u2), retries=1, breaker_failures=2, health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        errs = []
+        for _ in range(2):
+            with pytest.raises(ServeError) as e:
+                await collect(b, greq())
+            errs.append(e.value)
+        # Both breakers are open now: the next request is refused at once with 503.
+        with pytest.raises(ServeError) as e:
+            await collect(b, greq())
+        return errs, e.value, b.breaker_states()
+
+    errs, last, states = run_backend(cfg, go)
+    assert [(e.status, e.reason) for e in errs] == [(502, "upstream_error")] * 2
+    assert (last.status, last.reason) == (503, "no_backend") and last.retry_after_s
+    assert set(states.values()) == {BreakerState.OPEN}
+    assert len(f1.bodies) + len(f2.bodies) == 4  # 2 requests x (1 try + 1 retry)
+
+
+def test_mid_stream_failure_is_not_retried(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.mode, f1.drop_after = "drop", 2
+    cfg = UpstreamConfig(upstreams=(u1, u2), router="round-robin", health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        got: list[TokenChunk] = []
+        with pytest.raises(ServeError) as e:
+            async for c in b.generate(greq()):
+                got.append(c)
+        return got, e.value
+
+    got, err = run_backend(cfg, go)
+    assert [c.text for c in got] == ["t", "t"]
+    assert (err.status, err.reason) == (502, "upstream_error")
+    assert len(f2.bodies) == 0
+
+
+def test_stream_without_finish_reason_is_an_error(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.mode = "no_finish"
+    cfg = UpstreamConfig(upstreams=(u1,), retries=0, health_interval_s=0)
+    with pytest.raises(ServeError, match="without a finish reason"):
+        run_backend(cfg, lambda b: collect(b, greq()))
+
+
+def test_client_4xx_passes_through_without_retry_or_breaker(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.mode = f2.mode = "status400"
+    cfg = UpstreamConfig(upstreams=(u1, u2), breaker_failures=1, health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        with pytest.raises(ServeError) as e:
+            await collect(b, greq())
+        return e.value, b.breaker_states()
+
+    err, states = run_backend(cfg, go)
+    assert (err.status, err.reason) == (400, "upstream_rejected")
+    assert "bad max_tokens" in str(err)
+    assert len(f1.bodies) + len(f2.bodies) == 1
+    assert set(states.values()) == {BreakerState.CLOSED}
+
+
+def test_client_disconnect_frees_the_slot_and_the_upstream_stream(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.tokens, f1.delay = 50, 0.02
+    cfg = UpstreamConfig(upstreams=(u1,), max_concurrency=1, health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        gen = b.generate(greq())
+        first = await gen.__anext__()
+        await gen.aclose()  # type: ignore[attr-defined]
+        in_flight = b.in_flight
+        # The only slot is free again: another request goes through.
+        f1.tokens, f1.delay = 2, 0.0
+        again = await collect(b, greq())
+        await asyncio.sleep(0.2)
+        return first, in_flight, again
+
+    first, in_flight, again = run_backend(cfg, go)
+    assert first.text == "t" and in_flight == 0
+    assert sum(c.num_tokens for c in again) == 2
+    assert f1.disconnected == 1
+
+
+def test_health_scrape_models_and_no_backend(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.metrics = (
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{model_name="m"} 3\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="m"} 5\n'
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{model_name="m"} 0.42\n'
+    )
+    f2.healthy = False
+    cfg = UpstreamConfig(upstreams=(u1, u2), health_interval_s=0.05)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        reps = b.replicas()
+        picks = [await collect(b, greq()) for _ in range(3)]
+        f1.healthy = False
+        await asyncio.sleep(0.3)
+        with pytest.raises(ServeError) as e:
+            await collect(b, greq())
+        f2.healthy = True
+        await asyncio.sleep(0.3)
+        ok = await collect(b, greq())
+        return reps, picks, e.value, ok, list(b.models())
+
+    reps, picks, err, ok, models = run_backend(cfg, go)
+    assert all(p[-1].finish_reason == "length" for p in picks)
+    assert (reps[0].waiting, reps[0].running, reps[0].kv_usage) == (3, 5, 0.42)
+    assert reps[0].healthy and not reps[1].healthy
+    assert len(f2.bodies) == 1 and len(f1.bodies) == 3  # unhealthy one got nothing until back
+    assert (err.status, err.reason) == (503, "no_backend")
+    assert ok[-1].finish_reason == "length"
+    assert models == ["fake-model"]
+
+
+# ---------------------------------------------------------------------------- queue (no HTTP)
+
+
+def offline_backend(**kw: Any) -> OpenAIUpstreamBackend:
+    kw.setdefault("upstreams", ("http://127.0.0.1:9",))
+    kw.setdefault("max_concurrency", 1)
+    kw.setdefault("health_interval_s", 0)
+    return OpenAIUpstreamBackend(UpstreamConfig(**kw))
+
+
+def grant_order(b: OpenAIUpstreamBackend, reqs: list[GenerationRequest]) -> list[int]:
+    """Fill the only slot, queue ``reqs`` in list order, free slots one by one."""
+
+    async def main() -> list[int]:
+        blocker = greq()
+        b._take(0, blocker)
+        order: list[int] = []
+
+        async def one(k: int, r: GenerationRequest) -> None:
+            i = await b._acquire(r, frozenset())
+            order.append(k)
+            await asyncio.sleep(0.01)
+            b._release(i, r, True)
+
+        tasks = []
+        for k, r in enumerate(reqs):
+            tasks.append(asyncio.create_task(one(k, r)))
+            await asyncio.sleep(0)
+        assert b.queue_size == len(reqs)
+        b._release(0, blocker, True)
+        await asyncio.gather(*tasks)
+        return order
+
+    return asyncio.run(main())
+
+
+def test_queue_orders_fcfs_priority_edf() -> None:
+    now = time.monotonic()
+    reqs = [
+        greq(arrival=now + 0.001, priority=5, slo=SLO(ttft_s=9.0)),
+        greq(arrival=now + 0.002, priority=1),
+        greq(arrival=now + 0.003, priority=3, slo=SLO(ttft_s=0.5)),
+        greq(arrival=now + 0.004, priority=1, slo=SLO(deadline_s=2.0)),
+    ]
+    assert grant_order(offline_backend(order="fcfs"), reqs) == [0, 1, 2, 3]
+    assert grant_order(offline_backend(order="priority"), reqs) == [1, 3, 2, 0]
+    # EDF: 0.5 s TTFT target, 2 s deadline, 9 s target, then no deadline.
+    assert grant_order(offline_backend(order="edf"), reqs) == [2, 3, 0, 1]
+
+
+def test_edf_slack_uses_the_cost_model() -> None:
+    # Same absolute deadline; the long prompt and long output need more time: less slack.
+    now = time.monotonic()
+    reqs = [
+        greq(arrival=now, prompt=10, max_tokens=4, slo=SLO(deadline_s=30.0)),
+        greq(arrival=now, prompt=4000, max_tokens=1000, slo=SLO(deadline_s=30.0)),
+    ]
+    assert grant_order(offline_backend(order="edf"), reqs) == [0, 1]
+    assert grant_order(offline_backend(order="edf", profile="llama-2-7b-a100"), reqs) == [1, 0]
+
+
+def test_admission_queue_full_no_backend_and_slo() -> None:
+    async def main() -> None:
+        b = offline_backend(max_queue=1, admission="queue")
+        b._take(0, greq())
+        waiting = asyncio.create_task(b._acquire(greq(), frozenset()))
+        await asyncio.sleep(0)
+        with pytest.raises(ServeError) as e:
+            b._admit(greq())
+        assert (e.value.status, e.value.reason) == (429, "queue_full")
+        assert e.value.retry_after_s is not None and e.value.retry_after_s >= 1
+        # admission none: never refused for load.
+        b2 = offline_backend(max_queue=0, admission="none")
+        b2._take(0, greq())
+        b2._admit(greq())
+        # No healthy upstream: 503.
+        b._ups[0].health_ok = False
+        with pytest.raises(ServeError) as e:
+            b._admit(greq())
+        assert (e.value.status, e.value.reason) == (503, "no_backend")
+        # The queued request notices too: nothing hangs.
+        with pytest.raises(ServeError) as e:
+            await asyncio.wait_for(waiting, 2)
+        assert e.value.reason == "no_backend"
+        assert b.rejected == {"queue_full": 1, "no_backend": 2}
+
+    asyncio.run(main())
+
+
+def test_slo_admission_rejects_rt_that_cannot_make_it() -> None:
+    b = offline_backend(admission="slo", profile="llama-2-7b-a100", max_concurrency=4)
+    # Prefill of 4000 tokens on a 7B/A100 takes ~0.3 s: a 50 ms TTFT target cannot be met.
+    with pytest.raises(ServeError) as e:
+        b._admit(greq(prompt=4000, slo=SLO(ttft_s=0.05)))
+    assert (e.value.status, e.value.reason) == (429, "deadline")
+    b._admit(greq(prompt=4000, slo=SLO(ttft_s=5.0)))
+    b._admit(greq(prompt=4000, slo=SLO(ttft_s=0.05), cls=RequestClass.BE))
+    b._admit(greq(prompt=4000))  # no SLO, nothing to miss
+    # Without a profile and before any observation there is no estimate: admitted.
+    offline_backend(admission="slo")._admit(greq(prompt=4000, slo=SLO(ttft_s=0.05)))
+
+
+def test_slo_admission_drops_queued_request_once_hopeless() -> None:
+    async def main() -> None:
+        b = offline_backend(admission="slo")
+        b._take(0, greq())
+        t0 = time.monotonic()
+        with pytest.raises(ServeError) as e:
+            await b._acquire(greq(slo=SLO(ttft_s=0.3)), frozenset())
+        assert e.value.reason == "deadline" and e.value.status == 429
+        assert 0.25 < time.monotonic() - t0 < 1.5
+        assert b.queue_size == 0
+
+    asyncio.run(main())
+
+
+def test_cancelled_while_queued_leaves_no_trace() -> None:
+    async def main() -> None:
+        b = offline_backend()
+        first = greq()
+        b._take(0, first)
+        t = asyncio.create_task(b._acquire(greq(), frozenset()))
+        await asyncio.sleep(0.01)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        b._release(0, first, True)
+        assert b.in_flight == 0 and b.queue_size == 0
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- breaker, scrape, config
+
+
+def test_breaker_opens_half_opens_and_recovers() -> None:
+    now = [0.0]
+    br = CircuitBreaker(failure_threshold=2, open_s=5.0, clock=lambda: now[0])
+    br.record_failure()
+    assert br.state is BreakerState.CLOSED
+    br.record_success()  # resets the consecutive count
+    br.record_failure()
+    br.record_failure()
+    assert br.state is BreakerState.OPEN and not br.allow()
+    assert br.retry_after_s() == 5.0
+    now[0] = 5.0
+    assert br.state is BreakerState.HALF_OPEN
+    assert br.allow() and not br.allow()  # one probe at a time
+    br.record_failure()  # probe failed: open again, for another 5 s
+    assert br.state is BreakerState.OPEN and br.times_opened == 2
+    now[0] = 10.0
+    assert br.allow()
+    br.release()  # probe ended without a verdict: slot back
+    assert br.allow()
+    br.record_success()
+    assert br.state is BreakerState.CLOSED and br.allow() and br.allow()
+    with pytest.raises(ValueError):
+        CircuitBreaker(failure_threshold=0)
+
+
+def test_scrape_vllm_sglang_sloserve_and_missing() -> None:
+    old_vllm = (
+        'vllm:num_requests_waiting{model_name="a"} 1\nvllm:num_requests_waiting{model_name="b"} 2\n'
+        'vllm:num_requests_running{model_name="a"} 4\nvllm:gpu_cache_usage_perc{model_name="a"} 0.5\n'
+    )
+    assert parse_engine_load(old_vllm) == parse_engine_load(old_vllm)  # deterministic
+    load = parse_engine_load(old_vllm)
+    assert (load.waiting, load.running, load.kv_usage) == (3, 4, 0.5)
+    sglang = "sglang:num_queue_reqs 7\nsglang:num_running_reqs 2\nsglang:token_usage 0.25\n"
+    load = parse_engine_load(sglang)
+    assert (load.waiting, load.running, load.kv_usage) == (7, 2, 0.25)
+    ours = (
+        'sloserve_replica_waiting{replica="replica-0"} 1\nsloserve_replica_waiting{replica="replica-1"} 2\n'
+        'sloserve_replica_kv_usage{replica="replica-0"} 0.2\nsloserve_replica_kv_usage{replica="replica-1"} 0.4\n'
+    )
+    load = parse_engine_load(ours)
+    assert load.waiting == 3 and load.running is None and load.kv_usage == pytest.approx(0.3)
+    assert parse_engine_load("process_cpu_seconds_total 3\n").waiting is None
+    with pytest.raises(ValueError):
+        parse_engine_load("this is { not prometheus")
+
+
+def test_config_validation() -> None:
+    c = UpstreamConfig(upstreams=("http://a:1/", "http://b:2/v1"))
+    assert c.upstreams == ("http://a:1", "http://b:2")
+    for bad in (
+        {"upstreams": ()},
+        {"upstreams": ("ftp://a",)},
+        {"upstreams": ("http://a:1", "http://a:1/")},
+        {"upstreams": ("http://a:1",), "router": "nope"},
+        {"upstreams": ("http://a:1",), "order": "lifo"},
+        {"upstreams": ("http://a:1",), "max_concurrency": 0},
+        {"upstreams": ("http://a:1",), "profile": "no-such-profile"},
+        {"upstreams": ("http://a:1",), "typo": 1},
+    ):
+        with pytest.raises(ConfigError, match="upstream config"):
+            UpstreamConfig.build(**bad)
+    with pytest.raises(Exception, match="frozen"):
+        c.router = "round-robin"  # type: ignore[misc]
