@@ -22,6 +22,16 @@ def _names(raw: str | None, flag: str) -> list[str] | None:
     return names
 
 
+def _floats(raw: str, flag: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in (_names(raw, flag) or []))
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated numbers, got {raw!r}") from None
+    if any(not (v > 0 and math.isfinite(v)) for v in vals):
+        raise ConfigError(f"{flag}: every value must be a finite number > 0, got {raw!r}")
+    return vals
+
+
 def _fmt(v: object) -> str:
     if not isinstance(v, float):
         return "-"
@@ -52,7 +62,22 @@ def reproduce_bros(
     ] = None,
     profiles: Annotated[
         str | None,
-        typer.Option("--profiles", help="Comma-separated replica profiles (default: the plan's)."),
+        typer.Option(
+            "--profiles",
+            help="Comma-separated replica profiles (default: the plan's); the ablation runs "
+            "on the last one, the overhead benchmark on the first.",
+        ),
+    ] = None,
+    loads: Annotated[
+        str | None,
+        typer.Option(
+            "--loads",
+            help="Comma-separated RT rates as fractions of the RT capacity, e.g. 0.2,0.4.",
+        ),
+    ] = None,
+    be_batch_size: Annotated[
+        int | None,
+        typer.Option("--be-batch-size", min=1, help="BE requests per closed-loop batch."),
     ] = None,
     duration: Annotated[
         float | None,
@@ -89,13 +114,20 @@ def reproduce_bros(
     chosen_profiles = _names(profiles, "--profiles")
     if chosen_profiles is not None:
         mixes = list(dict.fromkeys(sc.mix for sc in plan.scenarios))
+        ablation_mixes = list(dict.fromkeys(sc.mix for sc in plan.ablation_scenarios))
         plan = replace(
             plan,
             scenarios=tuple(Scenario(p, m) for p in chosen_profiles for m in mixes),
+            # the last profile named: the largest model, by the plans' convention
+            ablation_scenarios=tuple(Scenario(chosen_profiles[-1], m) for m in ablation_mixes),
             overhead_profile=chosen_profiles[0],
         )
     if duration is not None:
         plan = replace(plan, duration_s=duration)
+    if loads is not None:
+        plan = replace(plan, loads=_floats(loads, "--loads"))
+    if be_batch_size is not None:
+        plan = replace(plan, be_batch_size=be_batch_size)
 
     with console.status("simulating…") as status:
 
