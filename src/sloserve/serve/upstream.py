@@ -557,6 +557,7 @@ class OpenAIUpstreamBackend(Backend):
             started = False
             ok: bool | None = None
             prefilled = False
+            released = False
             try:
                 # aclosing: a caller that stops reading closes the upstream stream now,
                 # not whenever the inner generator is garbage-collected.
@@ -566,8 +567,12 @@ class OpenAIUpstreamBackend(Backend):
                             prefilled = True
                             self._ups[i].queued_prompt_tokens -= req.prompt_tokens
                         started = True
+                        if chunk.finish_reason is not None:
+                            # Settle before the last yield: callers stop reading at the
+                            # finish chunk and may close this generator much later.
+                            released = True
+                            self._release(i, req, True)
                         yield chunk
-                ok = True
                 return
             except _UpstreamFailed as e:
                 ok = False
@@ -589,7 +594,8 @@ class OpenAIUpstreamBackend(Backend):
             finally:
                 if not prefilled:
                     self._ups[i].queued_prompt_tokens -= req.prompt_tokens
-                self._release(i, req, ok)
+                if not released:
+                    self._release(i, req, ok)
 
     def _body(self, req: GenerationRequest) -> dict[str, Any]:
         body = {k: v for k, v in req.body.items() if k not in SLOSERVE_BODY_FIELDS}
