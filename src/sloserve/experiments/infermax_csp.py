@@ -1,0 +1,145 @@
+"""InferMax §4.5, "Are evictions always evil?": the CSP with and without evictions.
+
+For each input length I: ``num_requests`` identical offline requests (input I, output
+``output``), KV capacity ``M = max(2I, I + O - 1)`` tokens (two prompts fit at once, only one
+request can keep its KV to its last token), C = P = 4096, token-exact KV. Three schedules:
+
+* the CSP optimum with evictions allowed (hinted with the better of the eviction-free
+  optimum and the best preset, so it is never worse than either);
+* the best eviction-free schedule: the same CSP with eviction forbidden;
+* every Table 1 preset and its eviction-free variant run through the engine.
+
+Latencies are total latencies Σ_i (finish_i − arrival_i) in seconds, priced by the engine's
+cost model (the profile's). ``latency_gap_pct = (best_ef − optimal) / best_ef · 100``:
+positive when evicting helps. The solver status and gap are always reported: a row whose
+status is ``feasible`` is the best schedule found within ``time_limit_s``, not a proven
+optimum. Both solves use the same number of batches J (the largest batch count of the
+presets' schedules).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pandas as pd
+
+from sloserve.core.errors import ConfigError
+from sloserve.costmodel.profile import load_profile
+from sloserve.engine.interface import Limits
+from sloserve.optimal.csp import Baseline, CspOptions, CspResult, run_baseline, solve
+from sloserve.optimal.schedule import Schedule, uniform_jobs
+
+TABLE1_PRESETS = ("vllm", "sarathi", "sarathi-p=c", "sarathi-nocp", "vllm-hy", "sarathi-nohy")
+"""InferMax Table 1; each also runs as its eviction-free variant (``-ef``)."""
+
+PAPER = {
+    "evict_below_I": 128,
+    "max_gain_pct": 35.2,
+    "max_loss_pct_when_evicting_long": 27.5,
+}
+"""§4.5's numbers: the CSP evicts for I < 128 (up to 35.2% lower latency than eviction-free)
+and not for I ≥ 128 (evicting long requests would cost up to 27.5%)."""
+
+
+def section45_limits(input_tokens: int, output: int, capacity: int = 4096) -> Limits:
+    """§4.5's limits for input I: M = max(2I, I + O − 1), C = P = 4096 (token-exact)."""
+    m = max(2 * input_tokens, input_tokens + output - 1)
+    return Limits(capacity, capacity, m, 256, 1)
+
+
+def csp_eviction_sweep(
+    inputs: Sequence[int],
+    *,
+    output: int = 4,
+    num_requests: int = 4,
+    profile: str = "llama-2-7b-a100",
+    time_limit_s: float = 10.0,
+    seed: int = 0,
+    workers: int | None = None,
+) -> pd.DataFrame:
+    """One row per I: columns I, M, optimal_latency, optimal_evictions, status, gap,
+    best_ef_latency, best_ef_status, best_preset, best_preset_latency, latency_gap_pct
+    (and a few more: ef_gap, optimal_batches, max_batches, solve_seconds).
+
+    ``time_limit_s`` bounds each of the two solves per I; ``workers`` is CP-SAT's worker
+    count (None: min(8, CPUs); 1 is deterministic run to run).
+    """
+    if not inputs:
+        raise ConfigError("csp_eviction_sweep needs at least one input length")
+    if any(i < 1 for i in inputs) or output < 1 or num_requests < 1:
+        raise ConfigError("inputs, output and num_requests must be >= 1")
+    cost_model = load_profile(profile).cost_model()
+    rows = []
+    for inp in inputs:
+        jobs = uniform_jobs(num_requests, inp, output)
+        limits = section45_limits(inp, output)
+        presets = [*TABLE1_PRESETS, *(f"{p}-ef" for p in TABLE1_PRESETS)]
+        runs = {p: run_baseline(p, jobs, cost_model, limits) for p in presets}
+        ok = cands_of(runs)
+        if not ok:
+            raise ConfigError(f"I={inp}: no preset could serve the instance")
+        best_preset = min(ok, key=lambda p: ok[p][0])
+        best_preset_latency = ok[best_preset][0]
+        J = max(s.num_batches for _lat, s in ok.values())
+        base = CspOptions(
+            max_batches=J, time_limit_s=time_limit_s, seed=seed, workers=workers, warm_start=()
+        )
+        ef_hint = _best_schedule([c for p, c in ok.items() if p.endswith("-ef")])
+        ef_opts = dataclasses.replace(base, allow_eviction=False)
+        ef = solve(jobs, limits, cost_model, ef_opts, hint=ef_hint)
+        # the evicting solve starts from the better of the eviction-free optimum and every
+        # preset, so its answer is never worse than either
+        cands = list(ok.values())
+        if ef.evaluation is not None and ef.schedule is not None:
+            cands.append((ef.evaluation.total_latency, ef.schedule))
+        hint = _best_schedule(cands)
+        opt = solve(jobs, limits, cost_model, base, hint=hint)
+        rows.append(_row(inp, limits, opt, ef, best_preset, best_preset_latency, J))
+    return pd.DataFrame(rows)
+
+
+def cands_of(runs: dict[str, Baseline]) -> dict[str, tuple[float, Schedule]]:
+    """(total latency, schedule) of every baseline that served the instance."""
+    return {
+        p: (b.evaluation.total_latency, b.schedule)
+        for p, b in runs.items()
+        if b.evaluation is not None and b.schedule is not None
+    }
+
+
+def _best_schedule(cands: list[tuple[float, Schedule]]) -> Schedule | None:
+    return min(cands, key=lambda c: c[0])[1] if cands else None
+
+
+def _row(
+    inp: int,
+    limits: Limits,
+    opt: CspResult,
+    ef: CspResult,
+    best_preset: str,
+    best_preset_latency: float,
+    J: int,
+) -> dict[str, object]:
+    opt_lat = opt.latency
+    ef_lat = ef.latency
+    if opt_lat is not None and opt.evictions == 0 and (ef_lat is None or opt_lat < ef_lat):
+        ef_lat = opt_lat  # the evicting solve found a better eviction-free schedule
+    gap_pct = (ef_lat - opt_lat) / ef_lat * 100 if opt_lat is not None and ef_lat else float("nan")
+    return {
+        "I": inp,
+        "M": limits.kv_capacity_tokens,
+        "optimal_latency": opt_lat,
+        "optimal_evictions": opt.evictions,
+        "status": opt.status,
+        "gap": opt.gap,
+        "best_ef_latency": ef_lat,
+        "best_ef_status": ef.status,
+        "best_preset": best_preset,
+        "best_preset_latency": best_preset_latency,
+        "latency_gap_pct": gap_pct,
+        "ef_gap": ef.gap,
+        "optimal_batches": opt.schedule.num_batches if opt.schedule else None,
+        "max_batches": J,
+        "solve_seconds": opt.solve_seconds + ef.solve_seconds,
+    }
