@@ -1,1 +1,234 @@
-"""CLI commands: serve (registered on import by ``sloserve.cli``)."""
+"""CLI commands: serve (registered on import by ``sloserve.cli``).
+
+``sloserve serve`` runs the OpenAI-compatible gateway (:mod:`sloserve.serve.api`) in front
+of the emulated backend (replicas of the simulation engine in wall-clock time) or of real
+OpenAI-compatible upstream engines. FastAPI and uvicorn load only when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from sloserve.cli._app import (
+    _INSTANCE_FLAGS,
+    ConfigOpt,
+    _build_config,
+    _with_flags,
+    app,
+    err_console,
+)
+from sloserve.core.errors import ConfigError
+
+_SERVE_INSTANCE_FLAGS = tuple(f for f in _INSTANCE_FLAGS if f != "horizon")
+
+
+def parse_length(spec: str) -> dict[str, Any]:
+    """``fixed:N``, ``uniform:LOW:HIGH`` or ``lognormal:MEAN:STD[:MAX]`` as a LengthDist dict."""
+    kind, *args = spec.split(":")
+    try:
+        nums = [float(a) for a in args]
+    except ValueError:
+        nums = []
+    shapes = {"fixed": (1,), "uniform": (2,), "lognormal": (2, 3)}
+    if kind not in shapes or len(nums) not in shapes[kind] or len(nums) != len(args):
+        raise ConfigError(
+            f"--output-length {spec!r}: expected fixed:N, uniform:LOW:HIGH or "
+            "lognormal:MEAN:STD[:MAX]"
+        )
+    if kind == "fixed":
+        return {"kind": "fixed", "value": int(nums[0])}
+    if kind == "uniform":
+        return {"kind": "uniform", "low": int(nums[0]), "high": int(nums[1])}
+    out: dict[str, Any] = {"kind": "lognormal", "mean": nums[0], "std": nums[1]}
+    if len(nums) == 3:
+        out["max"] = int(nums[2])
+    return out
+
+
+def _upstream_backend(
+    upstreams: list[str], router: str, admission: str, order: str,
+    max_queue: int | None, max_concurrency: int | None, seed: int,
+) -> Any:  # fmt: skip
+    from pydantic import ValidationError
+
+    from sloserve.config import validation_message
+    from sloserve.serve.upstream import OpenAIUpstreamBackend, UpstreamConfig
+
+    if not upstreams:
+        raise ConfigError("--backend openai needs at least one --upstream URL")
+    wanted: dict[str, Any] = {
+        "upstreams": upstreams, "router": router, "admission": admission, "order": order,
+        "max_queue": max_queue, "max_concurrency": max_concurrency, "seed": seed,
+    }  # fmt: skip
+    fields = UpstreamConfig.model_fields
+    data = {k: v for k, v in wanted.items() if v is not None and k in fields}
+    try:
+        cfg = UpstreamConfig(**data)
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, "serve options")) from None
+    return OpenAIUpstreamBackend(cfg)
+
+
+@app.command("serve")
+@_with_flags(*_SERVE_INSTANCE_FLAGS)
+def serve(
+    backend: Annotated[
+        str, typer.Option("--backend", help="emulated (engine replicas) or openai (proxy).")
+    ] = "emulated",
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
+    model: Annotated[
+        str, typer.Option("--model", help="Emulated: model name from the catalog.")
+    ] = "llama-2-7b",
+    gpu: Annotated[str, typer.Option("--gpu", help="Emulated: GPU name from the catalog.")] = (
+        "a100-80gb"
+    ),
+    replicas: Annotated[int, typer.Option("--replicas", help="Emulated: engine replicas.")] = 1,
+    policy: Annotated[
+        str | None, typer.Option("--policy", help="Emulated: per-instance policy (vllm…).")
+    ] = None,
+    router: Annotated[
+        str, typer.Option("--router", help="round-robin, least-loaded, power-of-two, slo-aware.")
+    ] = "least-loaded",
+    time_scale: Annotated[
+        float,
+        typer.Option(
+            "--time-scale", help="Emulated: simulated seconds per wall second (>1: faster)."
+        ),
+    ] = 1.0,
+    output_length: Annotated[
+        str | None,
+        typer.Option(
+            "--output-length",
+            help="Emulated: output lengths fixed:N, uniform:LOW:HIGH or lognormal:MEAN:STD[:MAX] "
+            "(capped by max_tokens; default: max_tokens).",
+        ),
+    ] = None,
+    served_model_name: Annotated[
+        str | None, typer.Option("--served-model-name", help="Model name clients must send.")
+    ] = None,
+    max_queue: Annotated[
+        int | None, typer.Option("--max-queue", help="Waiting requests before 429 queue_full.")
+    ] = None,
+    upstream: Annotated[
+        list[str] | None, typer.Option("--upstream", help="Openai: an engine's base URL (repeat).")
+    ] = None,
+    admission: Annotated[
+        str | None, typer.Option("--admission", help="Openai: none, queue or slo.")
+    ] = None,
+    order: Annotated[
+        str | None, typer.Option("--order", help="Openai: gateway queue order fcfs, priority, edf.")
+    ] = None,
+    max_concurrency: Annotated[
+        int | None, typer.Option("--max-concurrency", help="Openai: requests per upstream at once.")
+    ] = None,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict/--lenient",
+            help="Unknown body fields: 400, or ignore and name them in x-sloserve-ignored-params.",
+        ),
+    ] = False,
+    slo_preset: Annotated[
+        str, typer.Option("--slo-preset", help="Per-class SLO defaults: bros, qlm, none.")
+    ] = "bros",
+    default_max_tokens: Annotated[
+        int, typer.Option("--default-max-tokens", help="Chat max_tokens when a request has none.")
+    ] = 256,
+    pacing: Annotated[
+        bool, typer.Option("--pacing", help="Pace each stream at its qoe.tokens_per_s.")
+    ] = False,
+    drain_timeout: Annotated[
+        float, typer.Option("--drain-timeout", help="Shutdown: seconds to let streams finish.")
+    ] = 30.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of output lengths and routers.")] = 0,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="uvicorn log level (warning hides access logs).")
+    ] = "warning",
+    config: ConfigOpt = None,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions) with a policy."""
+    from pydantic import ValidationError
+
+    from sloserve.config import validation_message
+    from sloserve.serve.api import GatewaySettings
+
+    try:
+        settings = GatewaySettings(
+            strict=strict, slo_preset=slo_preset,
+            default_max_tokens=default_max_tokens, pacing=pacing, drain_timeout_s=drain_timeout,
+        )  # fmt: skip
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, "serve options")) from None
+    if backend == "emulated":
+        be = _emulated_backend(
+            config, flags, model, gpu, replicas, policy, router, time_scale, output_length,
+            served_model_name, max_queue, seed,
+        )  # fmt: skip
+        what = (
+            f"emulated {be.config.instance.profile} x{be.config.replicas}, policy "
+            f"{be.config.policy}, router {be.config.router}, model {be.model_name!r}"
+        )
+    elif backend == "openai":
+        be = _upstream_backend(
+            upstream or [], router, admission or "none", order or "fcfs", max_queue,
+            max_concurrency, seed,
+        )  # fmt: skip
+        what = f"upstreams {', '.join(upstream or [])}, router {router}"
+    else:
+        raise ConfigError(f"unknown --backend {backend!r}; choose emulated or openai")
+    if not 0 < port < 65536:
+        raise ConfigError(f"--port must be 1..65535, got {port}")
+
+    import uvicorn
+
+    from sloserve.serve.api import create_app
+
+    err_console.print(f"sloserve serve: {what} on http://{host}:{port}/v1")
+    uvicorn.run(
+        create_app(be, settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=max(1, int(drain_timeout)),
+    )
+
+
+def _emulated_backend(
+    config: Path | None, flags: dict[str, Any], model: str, gpu: str, replicas: int,
+    policy: str | None, router: str, time_scale: float, output_length: str | None,
+    served_model_name: str | None, max_queue: int | None, seed: int,
+) -> Any:  # fmt: skip
+    from pydantic import ValidationError
+
+    from sloserve.config import validation_message
+    from sloserve.costmodel.profile import load_profile
+    from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
+
+    if flags.get("profile") is None:
+        flags = {**flags, "profile": f"{model}@{gpu}"}
+        # Clients name the model as the user did on the command line.
+        served_model_name = served_model_name or model
+    sim, _policies = _build_config({}, config, flags)
+    load_profile(sim.instance.profile)  # an unknown model or GPU fails here, with the list
+    try:
+        cfg = EmulatedConfig(
+            instance=sim.instance,
+            policy=policy or sim.policy,
+            policy_params=sim.policy_params,
+            replicas=replicas,
+            router=router,
+            time_scale=time_scale,
+            output_length=parse_length(output_length) if output_length else None,
+            seed=seed,
+            max_queue=max_queue,
+            served_model_name=served_model_name,
+        )
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, "serve options")) from None
+    return EmulatedBackend(cfg)

@@ -143,6 +143,16 @@ class Backend(abc.ABC):
         """The model names this backend serves (``GET /v1/models``)."""
         return ()
 
+    def max_context(self) -> int | None:
+        """The served model's context length in tokens, if the backend knows it: the API
+        answers 400 when prompt + ``max_tokens`` exceeds it, before admission."""
+        return None
+
+    def check_params(self, body: dict[str, Any]) -> list[str]:
+        """Names of parameters in the validated OpenAI ``body`` this backend cannot honour
+        (the API answers 400 naming them); none by default."""
+        return []
+
     @property
     def healthy(self) -> bool:
         """At least one replica can take requests (``GET /health``)."""

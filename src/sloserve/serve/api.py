@@ -1,0 +1,486 @@
+"""The OpenAI-compatible HTTP API of the gateway (FastAPI): :func:`create_app`.
+
+Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streaming SSE with
+OpenAI's exact chunk objects and ``data: [DONE]``, ``stream_options.include_usage``, and
+non-streaming), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus) and the
+OpenAPI schema at ``/openapi.json``.
+
+SLO inputs, by precedence (a field set in a higher source wins, field by field):
+
+1. the body: ``priority``, ``slo`` {``ttft_ms``, ``tpot_ms``, ``deadline_ms``},
+   ``qoe`` {``ttft_s``, ``tokens_per_s``}, ``request_class`` (``rt`` | ``be``);
+2. the headers ``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-request-class`` (the convention of
+   inference-perf and the Kubernetes inference gateway);
+3. the defaults of the request's class from an SLO preset (``--slo-preset``, the presets of
+   :data:`sloserve.workloads.spec.SLO_PRESETS`; ``bros``, the default, gives ``rt`` a TTFT
+   of 400 ms and a TPOT of 200 ms and ``be`` no target; both priority 0). A request
+   without a class is ``rt``.
+
+Errors are OpenAI error bodies ``{"error": {"message", "type", "param", "code"}}``: 400
+for invalid or unsupported input (FastAPI's 422 is turned into OpenAI's 400), 404 for an
+unknown model, 429 with ``Retry-After`` and 503 with the cause in
+``x-sloserve-drop-reason``. A failure after the first token ends the stream with an SSE
+``data: {"error": …}`` event and then ``data: [DONE]``. ``max_tokens`` defaults to 16 on
+``/v1/completions`` (OpenAI's default) and to ``default_max_tokens`` on chat, in both
+cases capped by the room the context leaves after the prompt.
+
+Graceful shutdown: uvicorn stops accepting and waits for open streams
+(``timeout_graceful_shutdown``); then the backend drains what is left
+(``drain_timeout_s``) and ends the rest with an error event.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sloserve.core.request import SLO, QoESpec, RequestClass
+from sloserve.serve.backend import Backend, GenerationRequest, ServeError, TokenChunk
+from sloserve.serve.metrics import GatewayMetrics, RequestRecord, status_of_http
+from sloserve.serve.schemas import (
+    AnyRequest,
+    ChatCompletionRequest,
+    ChunkFactory,
+    CompletionRequest,
+    error_body,
+    prompt_tokens,
+    requested_max_tokens,
+    unsupported_params,
+)
+from sloserve.workloads.spec import SLO_PRESETS
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default ``max_tokens`` of the legacy completions endpoint."""
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class GatewaySettings(BaseModel):
+    """Options of the HTTP layer (the backend has its own config)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strict: bool = Field(
+        default=False,
+        description="reject unknown body fields (400); lenient mode ignores them and names "
+        "them in the x-sloserve-ignored-params header",
+    )
+    slo_preset: Literal["bros", "qlm", "none"] = Field(
+        default="bros", description="per-class SLO defaults"
+    )
+    default_max_tokens: int = Field(
+        default=256, ge=1, description="chat max_tokens when the request sets none"
+    )
+    pacing: bool = Field(
+        default=False, description="pace each stream server-side at its qoe.tokens_per_s"
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="graceful shutdown: wait this long for open streams"
+    )
+
+
+class _ApiError(Exception):
+    """An error answered before any token: becomes an OpenAI error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def _error_response(e: _ApiError) -> JSONResponse:
+    return JSONResponse(
+        error_body(e.message, _ERROR_TYPES.get(e.status, "api_error"), e.param, e.code),
+        status_code=e.status,
+        headers=e.headers,
+    )
+
+
+def _serve_error(e: ServeError) -> _ApiError:
+    headers = {"x-sloserve-drop-reason": e.reason}
+    if e.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, round(e.retry_after_s)))
+    return _ApiError(e.status, str(e), code=e.reason, headers=headers)
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+_DONE = "data: [DONE]\n\n"
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Closes its body iterator however the response ends (a client disconnect included),
+    so that the backend's generator runs its cleanup (abort, free KV) at once."""
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def _header_ms(request: Request, name: str) -> float | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise _ApiError(400, f"header {name} must be a number of milliseconds > 0", param=name)
+    return v
+
+
+def _slo_inputs(
+    body: AnyRequest, request: Request, preset: str
+) -> tuple[RequestClass, int, SLO, QoESpec | None]:
+    raw_cls = body.request_class or request.headers.get("x-request-class")
+    try:
+        cls = RequestClass((raw_cls or "rt").strip().lower())
+    except ValueError:
+        raise _ApiError(
+            400, f"x-request-class must be rt or be, got {raw_cls!r}", param="x-request-class"
+        ) from None
+    rule = SLO_PRESETS[preset][cls]
+    ttft_ms = _header_ms(request, "x-slo-ttft-ms")
+    tpot_ms = _header_ms(request, "x-slo-tpot-ms")
+    deadline_ms = None
+    if body.slo is not None:
+        ttft_ms = body.slo.ttft_ms if body.slo.ttft_ms is not None else ttft_ms
+        tpot_ms = body.slo.tpot_ms if body.slo.tpot_ms is not None else tpot_ms
+        deadline_ms = body.slo.deadline_ms
+    slo = SLO(
+        ttft_ms / 1000 if ttft_ms is not None else rule.ttft_s,
+        tpot_ms / 1000 if tpot_ms is not None else rule.tpot_s,
+        deadline_ms / 1000 if deadline_ms is not None else rule.deadline_s,
+    )
+    qoe = QoESpec(body.qoe.ttft_s, body.qoe.tokens_per_s) if body.qoe is not None else None
+    priority = body.priority if body.priority is not None else rule.priority
+    return cls, priority, slo, qoe
+
+
+def create_app(backend: Backend, settings: GatewaySettings | None = None) -> FastAPI:
+    """The gateway's ASGI app in front of ``backend`` (started and stopped by its lifespan)."""
+    cfg = settings or GatewaySettings()
+    metrics = GatewayMetrics(backend)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.stop(cfg.drain_timeout_s)
+
+    app = FastAPI(
+        title="sloserve gateway",
+        description="OpenAI-compatible streaming gateway running sloserve's scheduling policies.",
+        version="0.1",
+        lifespan=lifespan,
+    )
+    app.state.backend = backend
+    app.state.metrics = metrics
+    app.state.settings = cfg
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        # Union members add their type name to the location; drop those for the param.
+        param = ".".join(p for p in loc if not p[:1].isupper() and "[" not in p) or None
+        if first.get("type") == "json_invalid":
+            msg = f"malformed JSON body: {first.get('msg', '')}"
+            param = None
+        elif first.get("type") == "missing" and param:
+            msg = f"missing required field {param!r}"
+        else:
+            msg = f"{param or 'body'}: {first.get('msg', 'invalid')}"
+            if len(errs) > 1:
+                msg += f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})"
+        return _error_response(_ApiError(400, msg, param=param, code="invalid_value"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(_ApiError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(_ApiError)
+    async def _api(_req: Request, exc: _ApiError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _crash(_req: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            error_body(f"internal error: {type(exc).__name__}: {exc}", "api_error"),
+            status_code=500,
+        )
+
+    # ------------------------------------------------------------------ plain endpoints
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if backend.healthy:
+            return JSONResponse({"status": "ok"})
+        e = _ApiError(
+            503, "no backend is healthy", code="no_backend",
+            headers={"x-sloserve-drop-reason": "no_backend"},
+        )  # fmt: skip
+        return _error_response(e)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": created, "owned_by": "sloserve"}
+                for m in backend.models()
+            ],
+        }
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ------------------------------------------------------------------ generation
+    def _prepare(
+        body: AnyRequest, request: Request, chat: bool
+    ) -> tuple[GenerationRequest, dict[str, str]]:
+        extra = sorted((body.model_extra or {}).keys())
+        headers: dict[str, str] = {}
+        if extra:
+            if cfg.strict:
+                raise _ApiError(
+                    400, f"unknown parameter{'s' if len(extra) > 1 else ''}: {', '.join(extra)}",
+                    param=extra[0], code="unknown_parameter",
+                )  # fmt: skip
+            headers["x-sloserve-ignored-params"] = ",".join(extra)
+        dumped = body.model_dump(exclude_unset=True)
+        bad = unsupported_params(body) + backend.check_params(dumped)
+        if bad:
+            raise _ApiError(
+                400, f"unsupported parameter{'s' if len(bad) > 1 else ''}: {', '.join(bad)}",
+                param=bad[0].split(" ")[0], code="unsupported_parameter",
+            )  # fmt: skip
+        served = backend.models()
+        if served and body.model not in served:
+            raise _ApiError(
+                404,
+                f"model {body.model!r} does not exist; served: {', '.join(served)}",
+                param="model", code="model_not_found",
+            )  # fmt: skip
+        cls, priority, slo, qoe = _slo_inputs(body, request, cfg.slo_preset)
+        n_prompt = prompt_tokens(body)
+        ctx = backend.max_context()
+        asked = requested_max_tokens(body)
+        if ctx is not None:
+            room = ctx - n_prompt
+            if room < 1 or (asked is not None and asked > room):
+                raise _ApiError(
+                    400,
+                    f"this model's maximum context length is {ctx} tokens; the request has "
+                    f"{n_prompt} prompt tokens and asks for {asked or 'at least 1'} more",
+                    param="max_tokens" if room >= 1 else ("messages" if chat else "prompt"),
+                    code="context_length_exceeded",
+                )  # fmt: skip
+        if asked is None:
+            asked = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else cfg.default_max_tokens
+            if ctx is not None:
+                asked = min(asked, ctx - n_prompt)
+        greq = GenerationRequest(
+            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            endpoint="chat.completions" if chat else "completions",
+            model=body.model,
+            prompt_tokens=n_prompt,
+            max_tokens=asked,
+            arrival=time.monotonic(),
+            priority=priority,
+            slo=slo,
+            qoe=qoe,
+            request_class=cls,
+            body=dumped,
+        )
+        return greq, headers
+
+    async def _generate(body: AnyRequest, request: Request, chat: bool) -> Response:
+        arrival = time.monotonic()
+        try:
+            greq, headers = _prepare(body, request, chat)
+        except _ApiError as e:
+            metrics.count(status_of_http(e.status), body.request_class or "rt")
+            raise
+        cls = greq.request_class.value
+        agen = backend.generate(greq)
+        try:
+            first = await agen.__anext__()
+        except ServeError as e:
+            metrics.count(status_of_http(e.status), cls)
+            raise _serve_error(e) from None
+        except StopAsyncIteration:
+            metrics.count("error", cls)
+            raise _ApiError(500, "the backend ended the request without a token") from None
+        except BaseException:
+            await _close(agen)
+            raise
+        rec = RequestRecord(cls, arrival, greq.slo, greq.qoe)
+        stream: AsyncIterator[TokenChunk] = _chain(first, agen)
+        if cfg.pacing and greq.qoe is not None:
+            from sloserve.serve.pacer import TokenPacer
+
+            stream = TokenPacer(stream, greq.qoe.tokens_per_s, weight=lambda c: c.num_tokens)
+        factory = ChunkFactory(
+            greq.request_id,
+            body.model,
+            chat,
+            bool(body.stream_options is not None and body.stream_options.include_usage),
+        )
+        if body.stream:
+            return _ClosingStreamingResponse(
+                _sse_events(stream, agen, factory, rec, greq.prompt_tokens, chat),
+                media_type="text/event-stream",
+                headers={**headers, "cache-control": "no-cache"},
+            )
+        return await _full(stream, agen, factory, rec, greq.prompt_tokens, headers)
+
+    async def _sse_events(
+        stream: AsyncIterator[TokenChunk],
+        agen: AsyncIterator[TokenChunk],
+        factory: ChunkFactory,
+        rec: RequestRecord,
+        n_prompt: int,
+        chat: bool,
+    ) -> AsyncIterator[str]:
+        status = "cancelled"
+        completion = 0
+        try:
+            if chat:
+                yield _sse(factory.role_chunk())
+            try:
+                async for chunk in stream:
+                    rec.tokens(time.monotonic(), chunk.num_tokens)
+                    completion += chunk.num_tokens
+                    if chunk.text or chunk.finish_reason is not None:
+                        yield _sse(factory.token_chunk(chunk.text, _finish(chunk)))
+                    if chunk.finish_reason is not None:
+                        if chunk.prompt_tokens is not None:
+                            n_prompt = chunk.prompt_tokens
+                        break
+                else:
+                    raise ServeError("the backend ended the stream without a finish reason")
+            except ServeError as e:
+                status = "error"
+                yield _sse(error_body(str(e), "api_error", None, e.reason))
+                yield _DONE
+                return
+            if factory.include_usage:
+                yield _sse(factory.usage_chunk(n_prompt, completion))
+            yield _DONE
+            status = "ok"
+        finally:
+            await _close(stream, agen)
+            metrics.finish(rec, status)
+
+    async def _full(
+        stream: AsyncIterator[TokenChunk],
+        agen: AsyncIterator[TokenChunk],
+        factory: ChunkFactory,
+        rec: RequestRecord,
+        n_prompt: int,
+        headers: dict[str, str],
+    ) -> Response:
+        parts: list[str] = []
+        completion = 0
+        finish: str | None = None
+        status = "cancelled"
+        try:
+            async for chunk in stream:
+                rec.tokens(time.monotonic(), chunk.num_tokens)
+                completion += chunk.num_tokens
+                parts.append(chunk.text)
+                if chunk.finish_reason is not None:
+                    finish = _finish(chunk)
+                    if chunk.prompt_tokens is not None:
+                        n_prompt = chunk.prompt_tokens
+                    break
+            if finish is None:
+                raise ServeError("the backend ended the request without a finish reason")
+            status = "ok"
+        except ServeError as e:
+            status = "error"
+            raise _serve_error(e) from None
+        finally:
+            await _close(stream, agen)
+            metrics.finish(rec, status)
+        return JSONResponse(factory.full("".join(parts), finish, n_prompt, completion),
+                            headers=headers)  # fmt: skip
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        """OpenAI's text completions (streaming with ``"stream": true``)."""
+        return await _generate(body, request, chat=False)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """OpenAI's chat completions (streaming with ``"stream": true``)."""
+        return await _generate(body, request, chat=True)
+
+    return app
+
+
+def _finish(chunk: TokenChunk) -> str | None:
+    # "abort" is the contract's word for a request the engine gave up: OpenAI has no such
+    # finish reason, and a stream that ends that way is reported as an error instead.
+    if chunk.finish_reason == "abort":
+        raise ServeError("the backend aborted the request", reason="aborted")
+    return chunk.finish_reason
+
+
+async def _chain(first: TokenChunk, rest: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
+    yield first
+    if first.finish_reason is not None:
+        return
+    async for c in rest:
+        yield c
+
+
+async def _close(*its: AsyncIterator[TokenChunk]) -> None:
+    for it in its:
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()

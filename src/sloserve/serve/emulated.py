@@ -1,0 +1,381 @@
+"""The emulated backend: replicas of the simulation engine stepped in wall-clock time.
+
+Each replica is an :class:`~sloserve.engine.instance.Instance` built exactly as
+``simulate`` builds one (:func:`sloserve.experiments.runner.build_instance`: profile, limits
+C/P/M/R_max, policy, predictor), with its own :class:`~sloserve.engine.env.Environment`.
+Simulated time is mapped onto the event loop's monotonic clock,
+``sim = (loop.time() - t0) * time_scale``: a timer sleeps until the wall time of the next
+event, steps every event that is due, then streams the tokens those iterations generated —
+one :class:`TokenChunk` per token, deterministic filler text
+(:func:`sloserve.serve.schemas.filler_text`). The engine runs with ``multi_step=False`` so
+each iteration is its own event and tokens leave at their iteration's end.
+
+Choices (parameters of :class:`EmulatedConfig`):
+
+* A new request arrives at the current wall time, ``max(env.now, sim_now)``, and is stepped
+  at once (an idle replica starts an iteration immediately, as a real engine would).
+* When the event loop falls behind (a busy gateway), due events are processed late, in
+  order, and the engine's timeline is unchanged: the simulated GPU kept its schedule, the
+  tokens reach the client late. That lateness is the live scheduling overhead the
+  sim-vs-live benchmark reports.
+* ``time_scale`` > 1 runs the emulation faster than real time (tests, demos): every
+  simulated duration is divided by it, so client-side latencies are simulated ones divided
+  by ``time_scale``.
+* Output length: the request's ``output_tokens`` if the gateway chose one, else a draw from
+  ``output_length`` (a :mod:`~sloserve.workloads.lengths` distribution, seeded), else
+  ``max_tokens``; always capped by ``max_tokens`` and raised to vLLM's ``min_tokens``. A
+  request that ends before ``max_tokens`` finishes with ``stop``, one that reaches it with
+  ``length``.
+* Admission: ``max_queue`` caps the waiting requests of the replica the router picked; a
+  full queue answers 429 (``queue_full``) with ``Retry-After`` of ``retry_after_s``.
+* A client disconnect aborts the request (:meth:`Instance.abort`: at once when it is
+  queued, at the end of the in-flight iteration when it is in it), freeing its KV cache.
+* The engine's own rejection (the request can never fit the KV cache M under the policy)
+  ends the stream with a 400 ``exceeds_kv_capacity`` before any token.
+* ``predicted_ttft_s`` of a replica is the cost model's prefill time of the prompt tokens
+  queued there (the work ahead of a new request), for the ``slo-aware`` router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from sloserve.core.errors import ConfigError
+from sloserve.core.request import Request, RequestStatus
+from sloserve.costmodel.profile import load_profile
+from sloserve.engine.env import PRIO_ARRIVAL, Environment
+from sloserve.engine.instance import Instance
+from sloserve.experiments.runner import InstanceConfig, SimConfig, build_instance
+from sloserve.policies.registry import make_policy
+from sloserve.serve.backend import (
+    Backend,
+    FinishReason,
+    GenerationRequest,
+    ReplicaState,
+    Router,
+    ServeError,
+    TokenChunk,
+)
+from sloserve.serve.schemas import filler_text
+from sloserve.workloads.lengths import LengthDist
+
+
+class EmulatedConfig(BaseModel):
+    """The emulated backend: ``replicas`` identical replicas of one profile and policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance: InstanceConfig = Field(
+        default_factory=InstanceConfig,
+        description="profile and limits of each replica (multi_step is always off live)",
+    )
+    policy: str = Field(default="vllm", description="per-instance policy (sloserve policies)")
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    replicas: int = Field(default=1, ge=1, le=64)
+    router: str = Field(default="least-loaded", description="see sloserve.serve.routing")
+    time_scale: float = Field(
+        default=1.0, gt=0, le=1000, description="simulated seconds per wall second"
+    )
+    output_length: LengthDist | None = Field(
+        default=None, description="output-length distribution (else max_tokens)"
+    )
+    seed: int = 0
+    max_queue: int | None = Field(
+        default=None, ge=0, description="waiting requests per replica before 429"
+    )
+    retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After on a full queue")
+    served_model_name: str | None = Field(
+        default=None, description="the model name clients use (default: the profile's model)"
+    )
+
+
+class _Stream:
+    """One request's token stream: the engine pushes, the generator pops."""
+
+    __slots__ = ("finish", "max_tokens", "prompt_tokens", "queue", "req", "sent")
+
+    def __init__(self, req: Request, max_tokens: int, prompt_tokens: int) -> None:
+        self.req = req
+        self.max_tokens = max_tokens
+        self.prompt_tokens = prompt_tokens
+        self.queue: asyncio.Queue[TokenChunk | ServeError] = asyncio.Queue()
+        self.sent = 0
+        self.finish = False
+
+
+class _Replica:
+    """One Instance, its environment and the wall-clock timer that steps it."""
+
+    def __init__(self, index: int, inst: Instance, backend: EmulatedBackend) -> None:
+        self.index = index
+        self.name = f"replica-{index}"
+        self.inst = inst
+        self.env: Environment = inst.env
+        self.backend = backend
+        self.streams: dict[int, _Stream] = {}
+        self.ended: list[Request] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
+        inst.on_done = self.ended.append
+
+    # ---------------------------------------------------------------- clock
+    def kick(self) -> None:
+        """Step every event due by now, stream the new tokens, sleep until the next one."""
+        if self.timer is not None:  # called early (an arrival): this pass replaces the timer
+            self.timer.cancel()
+        self.timer = None
+        self.timer_at = math.inf
+        env = self.env
+        now = self.backend.sim_now() + self.backend.eps
+        stepped = False
+        while env.peek() <= now:
+            env.step()
+            stepped = True
+        if stepped:
+            self._emit()
+        self._arm()
+
+    def _arm(self) -> None:
+        nxt = self.env.peek()
+        if nxt == math.inf:
+            return
+        when = self.backend.wall_of(nxt)
+        if self.timer is not None:
+            if self.timer_at <= when:
+                return
+            self.timer.cancel()
+        self.timer = self.backend.loop.call_at(when, self.kick)
+        self.timer_at = when
+
+    def _emit(self) -> None:
+        streams = self.streams
+        for r in self.inst.running:
+            s = streams.get(r.req_id)
+            if s is not None and r.num_output_tokens > s.sent:
+                self._push_tokens(s, r.num_output_tokens, None)
+        if self.ended:
+            # on_done appends to this very list object: copy, then empty it in place.
+            ended = list(self.ended)
+            self.ended.clear()
+            for r in ended:
+                s = streams.get(r.req_id)
+                if s is None or s.finish:
+                    continue
+                if r.status is RequestStatus.FINISHED:
+                    reason: FinishReason = (
+                        "length" if r.num_output_tokens >= s.max_tokens else "stop"
+                    )
+                    self._push_tokens(s, r.num_output_tokens, reason)
+                elif r.status is RequestStatus.REJECTED:
+                    s.finish = True
+                    s.queue.put_nowait(
+                        ServeError(r.reject_reason, status=400, reason="exceeds_kv_capacity")
+                    )
+                elif r.status is RequestStatus.ABORTED:
+                    if r.num_output_tokens > s.sent:
+                        self._push_tokens(s, r.num_output_tokens, None)
+                    s.finish = True
+                    s.queue.put_nowait(
+                        ServeError("the request was aborted", status=503, reason="aborted")
+                    )
+
+    @staticmethod
+    def _push_tokens(s: _Stream, upto: int, finish: FinishReason | None) -> None:
+        put = s.queue.put_nowait
+        for i in range(s.sent, upto):
+            if finish is not None and i == upto - 1:
+                s.finish = True
+                put(TokenChunk(filler_text(i), 1, finish, s.prompt_tokens))
+            else:
+                put(TokenChunk(filler_text(i), 1))
+        s.sent = upto
+
+    # ---------------------------------------------------------------- requests
+    def add(self, req: Request, stream: _Stream) -> None:
+        self.streams[req.req_id] = stream
+        self.env.schedule(req.arrival, partial(self.inst.add_request, req), PRIO_ARRIVAL)
+        self.kick()
+
+    def release(self, stream: _Stream) -> None:
+        """The consumer is gone: abort the request if it is still live (frees its KV)."""
+        r = stream.req
+        self.streams.pop(r.req_id, None)
+        if not r.status.is_terminal and self.inst.abort(r):
+            self.kick()
+
+    def state(self) -> ReplicaState:
+        inst = self.inst
+        kv = inst.kv
+        queued = 0
+        for r in inst.waiting:
+            queued += r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+        return ReplicaState(
+            name=self.name,
+            healthy=not self.backend.stopping,
+            running=len(inst.running),
+            waiting=len(inst.waiting) + len(inst.swapped),
+            kv_usage=kv.num_used_blocks / kv.num_blocks if kv.num_blocks else 0.0,
+            in_flight=len(self.streams),
+            queued_prompt_tokens=queued,
+            predicted_ttft_s=inst.cost_model.prefill_time(queued) / self.backend.scale,
+        )
+
+
+class EmulatedBackend(Backend):
+    """Replicas of the simulation engine behind the gateway (see the module docstring)."""
+
+    name = "emulated"
+
+    def __init__(self, config: EmulatedConfig, router: Router | None = None) -> None:
+        from sloserve.serve.routing import make_router
+
+        self.config = config
+        make_policy(config.policy, config.policy_params)  # fail early on a bad policy
+        self.profile = load_profile(config.instance.profile)
+        self.router = router or make_router(config.router, seed=config.seed)
+        self.scale = config.time_scale
+        # Timer callbacks may fire up to the clock's resolution early: count those as due.
+        self.eps = time.get_clock_info("monotonic").resolution * self.scale + 1e-12
+        self.model_name = config.served_model_name or self.profile.model.name
+        self._rng = np.random.default_rng(config.seed)
+        self._ids = itertools.count()
+        self._replicas: list[_Replica] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.t0 = 0.0
+        self.stopping = False
+        self._icfg = config.instance.model_copy(update={"multi_step": False})
+
+    # ---------------------------------------------------------------- clock
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the backend was started in."""
+        if self._loop is None:
+            raise ServeError("the emulated backend is not started", reason="not_started")
+        return self._loop
+
+    def sim_now(self) -> float:
+        """Simulated seconds since :meth:`start`."""
+        return (self.loop.time() - self.t0) * self.scale
+
+    def wall_of(self, sim_t: float) -> float:
+        """The event loop time at which simulated time ``sim_t`` falls."""
+        return self.t0 + sim_t / self.scale
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        if self._loop is not None:
+            raise ConfigError("the emulated backend is already started")
+        self._loop = asyncio.get_running_loop()
+        self.t0 = self._loop.time()
+        sim = SimConfig(
+            instance=self._icfg, policy=self.config.policy, policy_params=self.config.policy_params
+        )
+        self._replicas = [
+            _Replica(i, build_instance(sim, Environment(), check_invariants=False), self)
+            for i in range(self.config.replicas)
+        ]
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        self.stopping = True
+        deadline = time.monotonic() + drain_timeout_s
+        while any(rep.streams for rep in self._replicas) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for rep in self._replicas:
+            for s in list(rep.streams.values()):
+                if not s.finish:
+                    s.finish = True
+                    s.queue.put_nowait(
+                        ServeError("the server is shutting down", status=503, reason="shutdown")
+                    )
+                rep.release(s)
+            if rep.timer is not None:
+                rep.timer.cancel()
+                rep.timer = None
+
+    # ---------------------------------------------------------------- requests
+    def _output_len(self, req: GenerationRequest) -> int:
+        cap = req.max_tokens
+        if req.output_tokens is not None:
+            n = req.output_tokens
+        elif self.config.output_length is not None:
+            n = int(self.config.output_length.sample(self._rng, 1)[0])
+        else:
+            n = cap
+        floor = req.body.get("min_tokens") or 0
+        return max(1, min(cap, max(n, int(floor))))
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        if self._loop is None:
+            raise ServeError("the emulated backend is not started", reason="not_started")
+        if self.stopping:
+            raise ServeError("the server is shutting down", status=503, reason="shutdown")
+        states = self.replicas()
+        idx = self.router.pick(req, states)
+        if idx is None:
+            raise ServeError("no replica is healthy", status=503, reason="no_backend")
+        rep = self._replicas[idx]
+        mq = self.config.max_queue
+        if mq is not None and len(rep.inst.waiting) >= mq:
+            raise ServeError(
+                f"queue full: {len(rep.inst.waiting)} requests waiting at {rep.name}",
+                status=429,
+                reason="queue_full",
+                retry_after_s=self.config.retry_after_s,
+            )
+        sim_arrival = max(rep.env.now, self.sim_now())
+        r = Request(
+            req_id=next(self._ids),
+            arrival=sim_arrival,
+            num_prompt_tokens=req.prompt_tokens,
+            true_output_len=self._output_len(req),
+            req_class=req.request_class,
+            priority=req.priority,
+            model=req.model,
+            slo=req.slo,
+            qoe=req.qoe,
+            max_tokens=req.max_tokens,
+        )
+        stream = _Stream(r, req.max_tokens, req.prompt_tokens)
+        rep.add(r, stream)
+        try:
+            get = stream.queue.get
+            while True:
+                item = await get()
+                if isinstance(item, ServeError):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            rep.release(stream)
+
+    def replicas(self) -> Sequence[ReplicaState]:
+        return [rep.state() for rep in self._replicas]
+
+    def models(self) -> Sequence[str]:
+        return (self.model_name,)
+
+    def max_context(self) -> int | None:
+        return self.profile.model.max_context
+
+    def check_params(self, body: dict[str, Any]) -> list[str]:
+        stop = body.get("stop")
+        return ["stop (the emulated backend streams filler text)"] if stop else []
+
+    @property
+    def healthy(self) -> bool:
+        return self._loop is not None and not self.stopping
+
+    # ---------------------------------------------------------------- introspection
+    def instances(self) -> list[Instance]:
+        """The replicas' engines (tests and benchmarks read their state)."""
+        return [rep.inst for rep in self._replicas]

@@ -1,0 +1,177 @@
+"""Prometheus metrics of the gateway, one :class:`~prometheus_client.CollectorRegistry` per
+app (two gateways in one process, as in the tests, never share counters).
+
+Labels are bounded: ``class`` is ``rt``/``be``; ``status`` is one of :data:`STATUSES`;
+``kind`` is ``ttft``/``tpot``/``deadline``; ``replica`` is the backend's stable replica
+name. Times are wall-clock seconds as the client sees them (with ``--time-scale`` they are
+the simulated times divided by the scale).
+
+* ``sloserve_request_ttft_seconds`` / ``_tpot_seconds`` / ``_duration_seconds``: histograms
+  per class, of requests that received at least one token (TPOT: at least two).
+* ``sloserve_requests_total{status,class}``: every request the API validated, once, by how
+  it ended.
+* ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
+* ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
+* ``sloserve_queue_size``: waiting requests over all replicas; ``sloserve_replica_running``,
+  ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy`` per replica (read from the
+  backend at scrape time).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sloserve.core.request import SLO, QoESpec
+from sloserve.metrics.qoe import andes_qoe
+from sloserve.serve.backend import Backend
+
+STATUSES = ("ok", "cancelled", "error", "rejected", "dropped", "unavailable")
+"""``ok`` finished; ``cancelled`` the client went away; ``error`` the backend failed after
+accepting it; ``rejected`` a 4xx other than 429; ``dropped`` a 429; ``unavailable`` a 503."""
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+_TPOT_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+)  # fmt: skip
+_QOE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+def status_of_http(code: int) -> str:
+    """The ``status`` label of a request answered with HTTP ``code`` before streaming."""
+    if code == 429:
+        return "dropped"
+    if code == 503:
+        return "unavailable"
+    if 400 <= code < 500:
+        return "rejected"
+    return "error"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What the gateway saw of one request: arrival and token delivery times (monotonic)."""
+
+    request_class: str
+    arrival: float
+    slo: SLO = field(default_factory=SLO)
+    qoe: QoESpec | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    def tokens(self, now: float, n: int) -> None:
+        times = self.token_times
+        for _ in range(n):
+            times.append(now)
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        states = list(self.backend.replicas())
+        queue = GaugeMetricFamily("sloserve_queue_size", "Waiting requests over all replicas")
+        queue.add_metric([], float(sum(s.waiting for s in states)))
+        yield queue
+        families = {
+            "running": GaugeMetricFamily(
+                "sloserve_replica_running", "Running requests", labels=["replica"]
+            ),
+            "waiting": GaugeMetricFamily(
+                "sloserve_replica_waiting", "Waiting requests", labels=["replica"]
+            ),
+            "kv_usage": GaugeMetricFamily(
+                "sloserve_replica_kv_usage", "KV cache fraction in use", labels=["replica"]
+            ),
+            "in_flight": GaugeMetricFamily(
+                "sloserve_replica_in_flight", "Requests sent and not ended", labels=["replica"]
+            ),
+            "healthy": GaugeMetricFamily(
+                "sloserve_replica_healthy", "1 when the replica takes requests", labels=["replica"]
+            ),
+        }
+        for s in states:
+            families["running"].add_metric([s.name], float(s.running))
+            families["waiting"].add_metric([s.name], float(s.waiting))
+            families["kv_usage"].add_metric([s.name], float(s.kv_usage))
+            families["in_flight"].add_metric([s.name], float(s.in_flight))
+            families["healthy"].add_metric([s.name], 1.0 if s.healthy else 0.0)
+        yield from families.values()
+
+
+class GatewayMetrics:
+    """The gateway's metrics in their own registry; :meth:`render` is ``/metrics``."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.ttft = Histogram(
+            "sloserve_request_ttft_seconds", "Time to first token", ["class"],
+            buckets=_LATENCY_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "sloserve_request_tpot_seconds", "Mean time per output token after the first",
+            ["class"], buckets=_TPOT_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "sloserve_request_duration_seconds", "Arrival to last token", ["class"],
+            buckets=_LATENCY_BUCKETS, registry=reg,
+        )  # fmt: skip
+        self.requests = Counter(
+            "sloserve_requests", "Requests by how they ended", ["status", "class"], registry=reg
+        )
+        self.violations = Counter(
+            "sloserve_slo_violations", "Finished requests that missed an SLO target",
+            ["class", "kind"], registry=reg,
+        )  # fmt: skip
+        self.qoe = Histogram(
+            "sloserve_request_qoe", "Andes QoE of finished requests with a qoe spec", ["class"],
+            buckets=_QOE_BUCKETS, registry=reg,
+        )  # fmt: skip
+        for cls in ("rt", "be"):  # so that every series exists from the first scrape
+            for st in STATUSES:
+                self.requests.labels(st, cls)
+        reg.register(_ReplicaCollector(backend))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def count(self, status: str, request_class: str) -> None:
+        """A request that ended without streaming (an error before the first token)."""
+        self.requests.labels(status, request_class).inc()
+
+    def finish(self, rec: RequestRecord, status: str) -> None:
+        """A request that was accepted ended with ``status``; record its latencies."""
+        cls = rec.request_class
+        self.requests.labels(status, cls).inc()
+        times = rec.token_times
+        if not times:
+            return
+        ttft = times[0] - rec.arrival
+        self.ttft.labels(cls).observe(ttft)
+        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else math.nan
+        if len(times) > 1:
+            self.tpot.labels(cls).observe(tpot)
+        duration = times[-1] - rec.arrival
+        self.duration.labels(cls).observe(duration)
+        if status != "ok":
+            return
+        slo = rec.slo
+        if slo.ttft_s is not None and ttft > slo.ttft_s:
+            self.violations.labels(cls, "ttft").inc()
+        if slo.tpot_s is not None and len(times) > 1 and tpot > slo.tpot_s:
+            self.violations.labels(cls, "tpot").inc()
+        if slo.deadline_s is not None and duration > slo.deadline_s:
+            self.violations.labels(cls, "deadline").inc()
+        if rec.qoe is not None:
+            q = rec.qoe
+            self.qoe.labels(cls).observe(andes_qoe(rec.arrival, times, q.ttft_s, q.tokens_per_s))

@@ -1,0 +1,322 @@
+"""OpenAI request/response shapes for the gateway, prompt token counting and error bodies.
+
+Request bodies are pydantic models (they also make the OpenAPI schema). Choices:
+
+* **Unsupported OpenAI parameters** (``n`` > 1, ``best_of`` > 1, ``logprobs``,
+  ``top_logprobs``, ``echo``, ``suffix``, ``tools``/``tool_choice``/``functions``,
+  ``logit_bias``, a non-text ``response_format``, several prompts in one request, image
+  content…) are rejected with a 400 that names them (:func:`unsupported_params`). Their
+  neutral values (``n: 1``, ``logprobs: null``, ``tools: []``…) are accepted.
+* **Sampling parameters** (``temperature``, ``top_p``, penalties, ``seed``, ``stop``, and
+  vLLM's ``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``) are
+  validated and forwarded by the ``openai`` backend; the emulated backend does not sample
+  (it streams deterministic filler) and rejects a non-empty ``stop`` it could not honour.
+* **Unknown fields**: *strict* mode answers 400 naming them; *lenient* mode (the default,
+  because benchmark clients send vendor fields) ignores them and names them in the
+  response header ``x-sloserve-ignored-params`` — never silently.
+* **Prompt tokens** are counted without a tokenizer: words and punctuation marks (regex
+  ``\\w+|[^\\w\\s]``) plus one BOS token; a token-id prompt counts its ids; a chat adds 3
+  tokens per message and 3 to prime the reply (OpenAI's published estimate). The count is
+  what the emulated backend prefills and what ``usage.prompt_tokens`` reports.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
+CHAT_TOKENS_PER_MESSAGE = 3
+CHAT_REPLY_PRIMING_TOKENS = 3
+
+FILLER_WORDS = (
+    " the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", " and",
+    " runs", " far", " away", " into", " green", " hills",
+)  # fmt: skip
+"""The emulated backend's deterministic output: token ``i`` is ``FILLER_WORDS[i % 16]``
+(each one token by :data:`TOKEN_PATTERN`)."""
+
+
+def count_text_tokens(text: str) -> int:
+    """Tokens of ``text`` (words and punctuation marks), without a BOS token."""
+    return len(TOKEN_PATTERN.findall(text))
+
+
+def filler_text(index: int) -> str:
+    """The text of generated token ``index`` (0-based)."""
+    return FILLER_WORDS[index % len(FILLER_WORDS)]
+
+
+# ----------------------------------------------------------------------------- SLO inputs
+class SloBody(BaseModel):
+    """Per-request latency targets (milliseconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_ms: float | None = Field(default=None, gt=0, description="time to first token")
+    tpot_ms: float | None = Field(default=None, gt=0, description="mean time per output token")
+    deadline_ms: float | None = Field(default=None, gt=0, description="end-to-end bound")
+
+
+class QoEBody(BaseModel):
+    """Andes' expected consumption timeline: first token after ``ttft_s``, then
+    ``tokens_per_s`` (the user's reading speed; also the server-side pacer's rate)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_s: float = Field(ge=0)
+    tokens_per_s: float = Field(gt=0)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+    """vLLM's usage on every chunk: not supported (rejected when true)."""
+
+
+# ----------------------------------------------------------------------------- requests
+class _Common(BaseModel):
+    """Fields both endpoints share. Unknown fields land in ``model_extra``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = None
+    user: str | None = None
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1)
+    logit_bias: dict[str, float] | None = None
+    # vLLM's sampling extras (accepted: benchmark clients send them)
+    top_k: int | None = None
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(default=None, ge=0)
+    # SLO inputs
+    priority: int | None = Field(default=None, description="lower is served first (vLLM)")
+    slo: SloBody | None = None
+    qoe: QoEBody | None = None
+    request_class: Literal["rt", "be"] | None = None
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    best_of: int | None = Field(default=None, ge=1)
+    echo: bool | None = None
+    logprobs: int | None = Field(default=None, ge=0)
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Common):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+AnyRequest = CompletionRequest | ChatCompletionRequest
+
+SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-request-class")
+
+
+def unsupported_params(body: AnyRequest) -> list[str]:
+    """Names of OpenAI parameters in ``body`` with a value this gateway cannot honour."""
+    bad: list[str] = []
+    if body.n not in (None, 1):
+        bad.append("n")
+    if body.logit_bias:
+        bad.append("logit_bias")
+    if body.stream_options is not None and body.stream_options.continuous_usage_stats:
+        bad.append("stream_options.continuous_usage_stats")
+    if isinstance(body, CompletionRequest):
+        if body.best_of not in (None, 1):
+            bad.append("best_of")
+        if body.echo:
+            bad.append("echo")
+        if body.logprobs is not None:
+            bad.append("logprobs")
+        if body.suffix:
+            bad.append("suffix")
+        p = body.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)) and len(p) > 1:
+            bad.append("prompt (more than one prompt)")
+    else:
+        if body.logprobs:
+            bad.append("logprobs")
+        if body.top_logprobs:
+            bad.append("top_logprobs")
+        if body.tools:
+            bad.append("tools")
+        if body.tool_choice not in (None, "none"):
+            bad.append("tool_choice")
+        if body.functions:
+            bad.append("functions")
+        if body.function_call not in (None, "none"):
+            bad.append("function_call")
+        rf = body.response_format
+        if rf is not None and rf.get("type", "text") != "text":
+            bad.append("response_format")
+        for i, m in enumerate(body.messages):
+            if isinstance(m.content, list):
+                for part in m.content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        bad.append(f"messages[{i}].content (only text parts)")
+                        break
+    return bad
+
+
+def prompt_tokens(body: AnyRequest) -> int:
+    """Prompt length in tokens (see the module docstring for the counting rule)."""
+    if isinstance(body, CompletionRequest):
+        p = body.prompt
+        if isinstance(p, str):
+            return count_text_tokens(p) + 1
+        if p and isinstance(p[0], str):
+            return count_text_tokens(p[0]) + 1
+        if p and isinstance(p[0], list):
+            return max(1, len(p[0]))
+        return max(1, len(p))
+    total = CHAT_REPLY_PRIMING_TOKENS
+    for m in body.messages:
+        total += CHAT_TOKENS_PER_MESSAGE
+        if isinstance(m.content, str):
+            total += count_text_tokens(m.content)
+        elif m.content:
+            total += sum(count_text_tokens(str(part.get("text", ""))) for part in m.content)
+    return total
+
+
+def requested_max_tokens(body: AnyRequest) -> int | None:
+    """The client's cap on output tokens (``max_completion_tokens`` wins for chat)."""
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        return body.max_completion_tokens
+    return body.max_tokens
+
+
+# ----------------------------------------------------------------------------- responses
+def error_body(
+    message: str, type_: str = "invalid_request_error", param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class ChunkFactory:
+    """Builds the exact OpenAI objects of one response (ids, ``created``, model fixed)."""
+
+    __slots__ = ("chat", "created", "id", "include_usage", "model")
+
+    def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool) -> None:
+        self.id = request_id
+        self.model = model
+        self.chat = chat
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def _base(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+        }
+        return out
+
+    def role_chunk(self) -> dict[str, Any]:
+        """Chat streams open with the assistant role and empty content."""
+        out = self._base()
+        out["choices"] = [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ]
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def token_chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        out = self._base()
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": text} if text else {},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        out["choices"] = [choice]
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, prompt: int, completion: int) -> dict[str, Any]:
+        """The last chunk when ``stream_options.include_usage``: no choices, the usage."""
+        out = self._base()
+        out["choices"] = []
+        out["usage"] = usage(prompt, completion)
+        return out
+
+    def full(self, text: str, finish_reason: str, prompt: int, completion: int) -> dict[str, Any]:
+        """The non-streaming response."""
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            obj = "text_completion"
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(prompt, completion),
+        }
