@@ -49,8 +49,9 @@ def parse_length(spec: str) -> dict[str, Any]:
 
 
 def _upstream_backend(
-    upstreams: list[str], router: str, admission: str, order: str,
-    max_queue: int | None, max_concurrency: int | None, seed: int,
+    upstreams: list[str], router: str, admission: str | None, order: str | None,
+    max_queue: int | None, max_concurrency: int | None, seed: int, profile: str | None,
+    served_model_name: str | None,
 ) -> Any:  # fmt: skip
     from pydantic import ValidationError
 
@@ -60,11 +61,13 @@ def _upstream_backend(
     if not upstreams:
         raise ConfigError("--backend openai needs at least one --upstream URL")
     wanted: dict[str, Any] = {
-        "upstreams": upstreams, "router": router, "admission": admission, "order": order,
-        "max_queue": max_queue, "max_concurrency": max_concurrency, "seed": seed,
+        "upstreams": tuple(upstreams), "router": router, "admission": admission,
+        "order": order, "max_queue": max_queue, "max_concurrency": max_concurrency,
+        "seed": seed, "profile": profile,
+        "models": (served_model_name,) if served_model_name else None,
     }  # fmt: skip
-    fields = UpstreamConfig.model_fields
-    data = {k: v for k, v in wanted.items() if v is not None and k in fields}
+    # Options left unset keep UpstreamConfig's defaults.
+    data = {k: v for k, v in wanted.items() if v is not None}
     try:
         cfg = UpstreamConfig(**data)
     except ValidationError as e:
@@ -117,7 +120,7 @@ def serve(
         list[str] | None, typer.Option("--upstream", help="Openai: an engine's base URL (repeat).")
     ] = None,
     admission: Annotated[
-        str | None, typer.Option("--admission", help="Openai: none, queue or slo.")
+        str | None, typer.Option("--admission", help="Openai: none, queue (default) or slo.")
     ] = None,
     order: Annotated[
         str | None, typer.Option("--order", help="Openai: gateway queue order fcfs, priority, edf.")
@@ -176,8 +179,8 @@ def serve(
         )
     elif backend == "openai":
         be = _upstream_backend(
-            upstream or [], router, admission or "none", order or "fcfs", max_queue,
-            max_concurrency, seed,
+            upstream or [], router, admission, order, max_queue, max_concurrency, seed,
+            flags.get("profile"), served_model_name,
         )  # fmt: skip
         what = f"upstreams {', '.join(upstream or [])}, router {router}"
     else:
