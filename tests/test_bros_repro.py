@@ -18,8 +18,10 @@ from sloserve.experiments.bros_repro import (
     PAPER,
     Plan,
     Run,
+    RunFailed,
     Scenario,
     execute,
+    execute_keep_going,
     headline,
     measure_overhead,
     plan_runs,
@@ -202,3 +204,13 @@ def test_bad_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("sloserve: error: "), err
     assert needle in lines[0]
     assert "Traceback" not in err
+
+
+def test_a_failing_run_names_itself_or_becomes_a_row_with_keep_going() -> None:
+    bad = Run(
+        "hybrid", Scenario("no-such-profile", "sharegpt"), "vllm", 0.3, 1.0, 5.0, 8, 0, 256, 16
+    )
+    with pytest.raises(RunFailed, match="hybrid no-such-profile/sharegpt vllm at load 0.3"):
+        execute(bad)
+    row = execute_keep_going(bad)
+    assert "no-such-profile" in row["error"] and row["policy"] == "vllm"

@@ -79,6 +79,12 @@ def reproduce_bros(
         int | None,
         typer.Option("--be-batch-size", min=1, help="BE requests per closed-loop batch."),
     ] = None,
+    keep_going: Annotated[
+        bool,
+        typer.Option(
+            "--keep-going", help="Record a failing run (policy violation, stall) and go on."
+        ),
+    ] = False,
     duration: Annotated[
         float | None,
         typer.Option(
@@ -134,7 +140,7 @@ def reproduce_bros(
         def progress(done: int, total: int) -> None:
             status.update(f"simulating… {done}/{total} runs")
 
-        rep = reproduce(plan, out, workers=workers, progress=progress)
+        rep = reproduce(plan, out, workers=workers, progress=progress, keep_going=keep_going)
     if len(rep.results):
         table = summary_table(rep.results)
         for exp, part in table.groupby(level="experiment", sort=False):
@@ -154,4 +160,6 @@ def reproduce_bros(
     console.print("Why ours differ (see docs/readme/bros-repro.md):", highlight=False)
     for gap in GAPS:
         console.print(f"  - {gap}", highlight=False)
+    for msg in rep.failed:
+        console.print(f"FAILED (left out of the averages): {msg}", style="red", highlight=False)
     console.print(f"results, plots and headline.json written to {out}", highlight=False)

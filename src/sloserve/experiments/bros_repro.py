@@ -30,9 +30,10 @@ Choices where the paper is vague (each is a field of :class:`Plan`):
   at once.
 * **BE batches.** The paper does not give the batch size; ``be_batch_size`` (256) makes a
   batch a deep queue, which is what a Batch-API job is, and no gap between batches.
-* **BE throughput** is the BE requests finished within the arrival window divided by its
-  length (the run then drains, so that every RT request's latency is counted; BE requests
-  finished while draining are not counted).
+* **BE throughput** is the number of BE requests finished within the arrival window over
+  the finish time of the last of them (``be_throughput_window_rps`` divides by the window
+  instead). The run then drains, so that every RT request's latency is counted; BE
+  requests finished while draining are not counted.
 * **Aggregates.** Per scenario, a reduction (normalized latency, BE throughput) is the mean
   over RT rates of the per-rate reduction; an attainment ratio is the ratio of the mean
   attainments over rates (the paper's 36.38× and its "average TTFT attainment of 1.28%"
@@ -158,7 +159,7 @@ class Plan:
     @staticmethod
     def quick(seed: int = 0) -> Plan:
         """Under 2 minutes on 2 busy cores: one profile with both mixes and a second
-        profile with ShareGPT, three rates, one minute of arrivals."""
+        profile with ShareGPT, three rates, 45 s of arrivals."""
         return Plan(
             scenarios=(
                 Scenario("llama-2-7b-a100", "sharegpt"),
@@ -166,8 +167,8 @@ class Plan:
                 Scenario("llama-2-70b-a100x2", "sharegpt"),
             ),
             loads=(0.15, 0.3, 0.45),
-            duration_s=60.0,
-            micro_loads=(0.4, 0.8),
+            duration_s=45.0,
+            micro_loads=(0.6,),
             ablation_load=0.3,
             ablation_scenarios=(Scenario("llama-2-70b-a100x2", "sharegpt"),),
             overhead_iterations=100,
@@ -338,7 +339,8 @@ def execute(run: Run) -> dict[str, Any]:
     rt_done = rt[rt["status"] == "finished"]
     be_done = be[be["status"] == "finished"]
     span = float(res.summary["simulated_seconds"])
-    be_in_window = int((be_done["finish_s"] <= run.duration_s).sum())
+    in_window = be_done["finish_s"][be_done["finish_s"] <= run.duration_s]
+    has_be = run.be_batch_size is not None
     return {
         "experiment": run.experiment,
         "profile": run.scenario.profile,
@@ -359,11 +361,35 @@ def execute(run: Run) -> dict[str, Any]:
         "rt_throughput_rps": len(rt_done) / span if span > 0 else math.nan,
         "be_requests": len(be),
         "be_finished": len(be_done),
-        "be_throughput_rps": be_in_window / run.duration_s if run.be_batch_size else math.nan,
+        # BE requests finished in the window over the time of the last of them: a batch
+        # still running at the window's end counts in neither (less quantisation noise
+        # than dividing by the window when a batch takes a sizeable part of it)
+        "be_throughput_rps": (
+            (len(in_window) / float(in_window.max()) if len(in_window) else 0.0)
+            if has_be
+            else math.nan
+        ),
+        "be_throughput_window_rps": len(in_window) / run.duration_s if has_be else math.nan,
         "preemptions": int(tb["preemptions"].sum()),
         "simulated_s": span,
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def execute_keep_going(run: Run) -> dict[str, Any]:
+    """:func:`execute`, but a failed run becomes a row with its ``error`` (metrics NaN)."""
+    try:
+        return execute(run)
+    except RunFailed as e:
+        return {
+            "experiment": run.experiment,
+            "profile": run.scenario.profile,
+            "mix": run.scenario.mix,
+            "policy": run.policy,
+            "load": run.load,
+            "rt_rate": run.rate,
+            "error": str(e),
+        }
 
 
 # ------------------------------------------------------------------ overhead (§7.4.2)
@@ -471,6 +497,9 @@ def _pivot(g: pd.DataFrame, value: str) -> pd.DataFrame:
 def scenario_headline(g: pd.DataFrame) -> dict[str, float]:
     """One scenario's hybrid numbers: BROS against each baseline, averaged over rates."""
     row: dict[str, float] = {}
+    # only the rates every policy completed (a failed run leaves a hole in the grid)
+    complete = g.groupby("load")["policy"].nunique() == g["policy"].nunique()
+    g = g[g["load"].isin(complete[complete].index)]
     lat = _pivot(g, "rt_norm_latency_s")
     thr = _pivot(g, "be_throughput_rps")
     ttft = _pivot(g, "rt_ttft_attainment")
@@ -567,6 +596,8 @@ class Reproduction:
     overhead: pd.DataFrame
     capacity: dict[str, float]
     headline: dict[str, Any] = field(default_factory=dict)
+    failed: list[str] = field(default_factory=list)
+    """Runs that failed (only with ``keep_going``), each a one-line message."""
 
 
 def validate_plan(plan: Plan) -> None:
@@ -615,8 +646,13 @@ def reproduce(
     *,
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    keep_going: bool = False,
 ) -> Reproduction:
-    """Run the grid (in parallel processes), write results, plots and the headline."""
+    """Run the grid (in parallel processes), write results, plots and the headline.
+
+    A run that fails with a typed error (a policy's violation or stall) stops everything
+    with :class:`RunFailed`, unless ``keep_going``: then it is a row with an ``error``
+    column, listed under ``failed_runs`` in the headline, and left out of the averages."""
     validate_plan(plan)
     out_dir = Path(out)
     try:
@@ -644,15 +680,20 @@ def reproduce(
         if progress:
             progress(done, total)
 
+    run_one = execute_keep_going if keep_going else execute
     n_workers = workers or max(1, min(len(runs), os.cpu_count() or 1))
     if n_workers == 1:
-        rows = _map(execute, runs, None, tick)
+        rows = _map(run_one, runs, None, tick)
     else:
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            rows = _map(execute, runs, pool, tick)
+            rows = _map(run_one, runs, pool, tick)
     # overhead last and serially: wall-clock timings must not compete with simulations
     orows = _map(_overhead_job, jobs, None, tick)
     results = pd.DataFrame(rows)
+    failed: list[str] = []
+    if "error" in results.columns:
+        failed = [str(e) for e in results["error"].dropna()]
+        results = results[results["error"].isna()].drop(columns="error")
     if len(results):
         results = results.sort_values(["experiment", "profile", "mix", "policy", "load"])
         results = results.reset_index(drop=True)
@@ -660,7 +701,7 @@ def reproduce(
     results.to_parquet(out_dir / "results.parquet", index=False)
     overhead.to_parquet(out_dir / "overhead.parquet", index=False)
     cap = {sc.key: v for sc, v in capacity.items()}
-    rep = Reproduction(results, overhead, cap, headline(results, overhead))
+    rep = Reproduction(results, overhead, cap, headline(results, overhead), failed)
     rep.headline["rt_capacity_requests_per_s"] = cap
     rep.headline["plan"] = {
         "duration_s": plan.duration_s,
@@ -669,6 +710,7 @@ def reproduce(
         "seed": plan.seed,
     }
     rep.headline["gaps"] = list(GAPS)
+    rep.headline["failed_runs"] = failed
     (out_dir / "headline.json").write_text(json.dumps(_clean(rep.headline), indent=2) + "\n")
     plot(results, overhead, out_dir)
     return rep
