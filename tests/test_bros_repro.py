@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -210,7 +211,9 @@ def test_a_failing_run_names_itself_or_becomes_a_row_with_keep_going() -> None:
     bad = Run(
         "hybrid", Scenario("no-such-profile", "sharegpt"), "vllm", 0.3, 1.0, 5.0, 8, 0, 256, 16
     )
-    with pytest.raises(RunFailed, match="hybrid no-such-profile/sharegpt vllm at load 0.3"):
+    with pytest.raises(
+        RunFailed, match=re.escape("hybrid no-such-profile/sharegpt vllm at load 0.3")
+    ):
         execute(bad)
     row = execute_keep_going(bad)
     assert "no-such-profile" in row["error"] and row["policy"] == "vllm"
