@@ -111,6 +111,8 @@ class Instance:
         self.cost_model = cost_model
         self.limits = limits
         self.instance_id = instance_id
+        if kv is None:
+            kv = scheduler.make_kv(limits, cpu_swap_blocks)
         self.kv: KVCacheManager = kv or PagedKVManager(
             limits.kv_capacity_tokens // limits.block_size, limits.block_size, cpu_swap_blocks
         )
@@ -406,7 +408,8 @@ class Instance:
             decode_context_sum=ctx,
             swap_tokens=swap_tokens,
         )
-        dur = cm.batch_time(stats) + cm.swap_time(swap_tokens)
+        ex, sw = cm.batch_time(stats), cm.swap_time(swap_tokens)
+        dur = max(ex, sw) if self.scheduler.overlap_swap else ex + sw
         if not dur > 0:
             raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {dur}s")
         ends = [now + dur]

@@ -181,6 +181,16 @@ class Scheduler(ABC):
         on arrival instead of waiting forever."""
         return limits.kv_capacity_tokens
 
+    overlap_swap: bool = False
+    """Whether KV transfers overlap the forward pass: the engine then charges an iteration
+    ``max(batch_time, swap_time)`` instead of their sum (BROS §4.1: asynchronous swaps)."""
+
+    def make_kv(self, limits: Limits, cpu_swap_blocks: int) -> KVCacheManager | None:
+        """The KV manager this policy needs, built when the instance is given none; None
+        (the default) means the ordinary paged manager. BROS returns its bidirectional
+        blocks here, so that whoever builds instances need not know about them."""
+        return None
+
     def on_finish(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         """Called after a request of this instance finishes."""
 

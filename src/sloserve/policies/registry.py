@@ -167,3 +167,34 @@ def _lqsf(params: Mapping[str, Any]) -> Scheduler:
 
 register("andes", _andes, "Andes: QoE-aware token-level preemptive scheduling (knapsack, refiner)")
 register("lqsf", _lqsf, "Least QoE Slack First (Andes §6.1 baseline)")
+
+
+def _rr(params: Mapping[str, Any]) -> Scheduler:
+    from sloserve.policies.rr import make_rr
+
+    return make_rr(params)
+
+
+def _bros(params: Mapping[str, Any]) -> Scheduler:
+    from sloserve.policies.bros import make_bros
+
+    return make_bros(params)
+
+
+def _bros_nobicache(params: Mapping[str, Any]) -> Scheduler:
+    from sloserve.policies.bros import make_bros
+
+    return make_bros({"bidirectional": False, **params}, name="bros-nobicache")
+
+
+register("rr", _rr, "BROS §2.2 round-robin: RT and BE FCFS queues alternate per iteration")
+register(
+    "bros",
+    _bros,
+    "BROS: RT by residual time to the token deadline, BE packing, bidirectional KV blocks",
+)
+register(
+    "bros-nobicache",
+    _bros_nobicache,
+    "BROS without bidirectional KV blocks (recompute instead; §7.4.1 ablation)",
+)

@@ -1,0 +1,605 @@
+"""BROS (§4): co-serving real-time (RT) and best-effort (BE) requests on one replica.
+
+Algorithm 1, the priority-based packing algorithm, runs at every iteration:
+
+1. **RT first.** Every live RT request (waiting, pending = holding KV, swapped) is ranked by
+   its *residual time* to its next token's deadline, ``T_SLO − t_i − (k_i − 1)·T_avg``:
+   ``T_SLO`` is the TTFT target before the first token and the TPOT target after it,
+   ``t_i`` the time since arrival (first token) or since the last token, ``k_i`` the
+   iterations the current token still needs (1, or the prefill chunks left with
+   ``chunked_prefill``) and ``T_avg`` the moving average of the measured iteration time.
+   ``T_min^res`` is the smallest residual time. The most urgent RT requests join the batch
+   while the batch holds fewer than ``B_curr`` requests, their KV blocks can be found or
+   preempted (FindPreemptBlock: free blocks, then BE blocks, then progressive dropping)
+   and the cost model's time for the batch stays within ``T_min^res``.
+2. **BE next**, by ascending checkpointed (CPU) KV blocks ``M_j^cpu``: a BE request is
+   *packed* when the batch still has room in ``B_curr`` and in ``T_min^res``; otherwise it
+   *replaces* the least urgent RT request of the batch when that makes it fit; otherwise
+   the loop stops. A BE request only takes free KV memory (FindBlock), never evicts.
+3. **Adaptive batch size**: ``B_curr`` starts at ``B_base`` (128), doubles (up to R_max)
+   after an iteration with no RT request in the queues, and goes back to ``B_base`` when
+   the estimated batch time of the RT loop exceeds ``T_min^res`` (a predicted miss).
+4. The iteration time the policy predicts, and the engine charges
+   (:attr:`overlap_swap`), is ``max(execution, swap)`` (§4.1: transfers are asynchronous).
+
+Request pulling (Figure 8): instead of sorting all RT requests, the never-started waiting
+RT requests are already in residual order (same TTFT target, arrival order), so only the
+others (pending, swapped, recompute-preempted) are sorted and the two ordered streams are
+merged lazily; the loop stops pulling as soon as the batch is decided.
+
+KV memory: with ``bidirectional=True`` (policy ``bros``) the replica uses
+:class:`~sloserve.engine.kv_bidirectional.BidirectionalKVManager` (via :meth:`make_kv`),
+where an RT request takes over BE blocks and only the overwritten BE slots are
+checkpointed. ``bidirectional=False`` (``bros-nobicache``, the §7.4.1 ablation) uses the
+ordinary paged cache, and an RT request that finds no free block evicts others with
+recompute ("we simply perform recomputation for requests failing to acquire cache blocks").
+
+Choices where the paper is silent (parameters of :class:`BROSConfig` where they matter):
+
+* An RT request whose deadline has already passed still ranks first (most negative
+  residual), but ``T_min^res`` is taken over requests that can still make it (residual
+  > 0); with none, no time cap applies, only ``B_curr``, C and P. The most urgent RT
+  request always joins (a batch cannot be faster than one request): a batch is never
+  empty for lack of time.
+* Replacement (step 2) only evicts from the batch an RT request that can afford to skip
+  this iteration (residual − estimated batch time > ``T_avg``; ``replace_guard``), since
+  replacing the RT requests that are about to miss would defeat the RT loop; an RT
+  request it removes keeps its KV cache (it stays pending).
+* Progressive dropping (no free and no BE block left for an urgent RT request): BE
+  requests not in the batch first (newest first), then RT requests not in the batch that
+  are less urgent than the candidate (most residual time first), evicted with ``swap``
+  (recompute when the CPU tier is full) for ``bros`` and with ``recompute`` for
+  ``bros-nobicache`` (``preemption_mode``); nobody is evicted unless evicting all
+  candidates makes room.
+* Ties among BE requests (equal ``M_j^cpu``): pending ones (KV on the GPU) before new
+  ones — the cheapest to continue first — then ``order`` (arrival by default). A new BE
+  request leaves ``watermark`` of the KV blocks free (0 by default).
+* Without ``chunked_prefill`` (the default, as the paper's Orca-style selective batching)
+  a prompt runs whole; a prefill that does not fit C or P is a failed fit (stops the RT
+  loop, or triggers replacement in the BE loop) like a time or size failure.
+* ``T_avg``: exponential moving average (``t_avg_alpha``) of measured iteration times;
+  before the first iteration, the cost model's time of one decode step.
+* ``B_curr`` doubles after an iteration in which no RT request was queued ("no RT requests
+  are detected"), capped at R_max.
+* Batches are never marked repeatable: residual times change every iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sloserve.core.errors import ConfigError
+from sloserve.core.request import Request, RequestClass, RequestStatus
+from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine.interface import (
+    InstanceView,
+    Limits,
+    PreemptionMode,
+    ScheduledRequest,
+    Scheduler,
+    SchedulerOutput,
+)
+from sloserve.engine.kv import KVCacheManager
+
+_INF = math.inf
+_RUNNING = RequestStatus.RUNNING
+_SWAPPED = RequestStatus.PREEMPTED_SWAPPED
+
+
+@dataclass(frozen=True)
+class BROSConfig:
+    """Parameters of BROS (§4.2, §5)."""
+
+    batch_base: int = 128
+    """B_base: the batch size BROS starts from and backs off to."""
+    batch_max: int | None = None
+    """Cap on B_curr when it doubles (default R_max)."""
+    adaptive_batch: bool = True
+    """Double B_curr when no RT request is queued, reset on a predicted miss (§4.2)."""
+    bidirectional: bool = True
+    """Bidirectional KV blocks (§5); False: paged blocks and recompute (``bros-nobicache``)."""
+    preemption_mode: PreemptionMode | None = None
+    """How progressive dropping evicts (default: swap with bidirectional blocks, else
+    recompute); swap falls back to recompute when the CPU tier is full."""
+    order: Literal["fcfs", "priority", "input", "output"] = "fcfs"
+    """Tie-break among BE requests with equal checkpointed blocks (after pending ones):
+    arrival, priority, shortest input or shortest predicted output first."""
+    watermark: float = 0.0
+    """Fraction of KV blocks a newly admitted BE request must leave free (vLLM's watermark),
+    so that arriving RT requests find room without dropping anyone."""
+    chunked_prefill: bool = False
+    """Split prompts over iterations to fit P (the paper runs prompts whole)."""
+    prefill_tokens: int | None = None
+    """Default P when the user sets none; None means P = C."""
+    replace_guard: bool = True
+    """BE replaces only RT requests that can skip this iteration and still meet their
+    deadline (False: any least urgent RT request, literally as Algorithm 1)."""
+    t_avg_alpha: float = 0.2
+    """Weight of the newest iteration in the moving-average iteration time T_avg."""
+    overlap_swap: bool = True
+    """Iteration time = max(execution, swap) (§4.1); False: execution + swap."""
+
+    def __post_init__(self) -> None:
+        if self.batch_base < 1:
+            raise ValueError("batch_base must be >= 1")
+        if self.batch_max is not None and self.batch_max < self.batch_base:
+            raise ValueError("batch_max must be >= batch_base")
+        if self.prefill_tokens is not None and self.prefill_tokens < 1:
+            raise ValueError("prefill_tokens must be >= 1")
+        if not 0 < self.t_avg_alpha <= 1:
+            raise ValueError("t_avg_alpha must be in (0, 1]")
+        if self.preemption_mode is not None:
+            object.__setattr__(self, "preemption_mode", PreemptionMode(self.preemption_mode))
+        if self.order not in ("fcfs", "priority", "input", "output"):
+            raise ValueError(f"order must be fcfs, priority, input or output, got {self.order!r}")
+        if not 0 <= self.watermark < 1:
+            raise ValueError("watermark must be in [0, 1)")
+
+
+# --------------------------------------------------------------------------- estimates
+class _Cost:
+    """The batch's :class:`BatchStats`, kept incrementally so that adding or removing a
+    candidate and re-pricing is O(1)."""
+
+    __slots__ = ("cm", "ctx", "n_decode", "n_pf_seqs", "overlap", "pf_tokens", "swap", "work")
+
+    def __init__(self, cm: CostModel, overlap: bool) -> None:
+        self.cm = cm
+        self.overlap = overlap
+        self.pf_tokens = self.n_pf_seqs = self.work = self.n_decode = self.ctx = self.swap = 0
+
+    def add(self, r: Request, n: int, swap_tokens: int, sign: int = 1) -> None:
+        if _is_decode(r):
+            self.n_decode += sign
+            self.ctx += sign * r.num_computed_tokens
+        else:
+            self.pf_tokens += sign * n
+            self.n_pf_seqs += sign
+            self.work += sign * n * (n + r.num_computed_tokens)
+        self.swap += sign * swap_tokens
+
+    def time(self, r: Request | None = None, n: int = 0, swap_tokens: int = 0) -> float:
+        """The batch's time, with ``r`` processing ``n`` tokens added when given."""
+        pf, seqs, work, dec, ctx = (
+            self.pf_tokens,
+            self.n_pf_seqs,
+            self.work,
+            self.n_decode,
+            self.ctx,
+        )
+        if r is not None:
+            if _is_decode(r):
+                dec += 1
+                ctx += r.num_computed_tokens
+            else:
+                pf += n
+                seqs += 1
+                work += n * (n + r.num_computed_tokens)
+        ex = self.cm.batch_time(
+            BatchStats(
+                num_prefill_tokens=pf,
+                num_prefill_seqs=seqs,
+                prefill_attn_work=work,
+                num_decode=dec,
+                decode_context_sum=ctx,
+            )
+        )
+        sw = self.cm.swap_time(self.swap + swap_tokens)
+        return max(ex, sw) if self.overlap else ex + sw
+
+
+def _is_decode(r: Request) -> bool:
+    n_out = r.num_output_tokens
+    return n_out > 0 and r.num_prompt_tokens + n_out - r.num_computed_tokens == 1
+
+
+# --------------------------------------------------------------------------- memory
+@dataclass
+class _Plan:
+    """The KV blocks and running slots the decision has used up so far."""
+
+    kv: KVCacheManager
+    bs: int
+    free: int
+    cpu_free: int
+    n_running: int
+    max_running: int
+    preempt: list[tuple[Request, PreemptionMode]] = field(default_factory=list)
+    gone: set[int] = field(default_factory=set)
+
+    def need(self, r: Request, n: int) -> int:
+        """Blocks ``r`` needs to process ``n`` tokens (a swapped request: all of them)."""
+        if r.status is _SWAPPED:
+            return -(-(r.num_computed_tokens + n) // self.bs)
+        return self.kv.blocks_needed(r.req_id, n)
+
+    def fits(self, r: Request, need: int) -> bool:
+        joining = r.status is not _RUNNING
+        return need <= self.free and (not joining or self.n_running < self.max_running)
+
+    def take(self, r: Request, need: int) -> None:
+        self.free -= need
+        if r.status is not _RUNNING:
+            self.n_running += 1
+
+    def give_back(self, r: Request, need: int) -> None:
+        self.free += need
+        if r.status is not _RUNNING:
+            self.n_running -= 1
+
+    def evict(self, victim: Request, mode: PreemptionMode) -> None:
+        blocks = self.kv.num_request_blocks(victim.req_id)
+        if mode is PreemptionMode.SWAP and blocks > self.cpu_free:
+            mode = PreemptionMode.RECOMPUTE  # the CPU tier is full
+        if mode is PreemptionMode.SWAP:
+            self.cpu_free -= blocks
+        self.preempt.append((victim, mode))
+        self.gone.add(victim.req_id)
+        self.free += blocks
+        self.n_running -= 1
+
+
+# --------------------------------------------------------------------------- policy
+@dataclass(slots=True)
+class _Cand:
+    """An RT or BE request under consideration, with what it would cost to run."""
+
+    req: Request
+    residual: float
+    n: int = 0
+    need: int = 0
+    swap_tokens: int = 0
+
+
+@dataclass
+class _Decision:
+    """One call's batch under construction and the budgets it has left."""
+
+    plan: _Plan
+    cost: _Cost
+    t_min: float
+    t_avg: float
+    b_curr: int
+    budget_c: int
+    budget_p: int
+    rt_ready: list[_Cand] = field(default_factory=list)
+    be_ready: list[_Cand] = field(default_factory=list)
+    in_batch: set[int] = field(default_factory=set)
+
+    def add(self, c: _Cand, ready: list[_Cand]) -> None:
+        r = c.req
+        self.plan.take(r, c.need)
+        self.cost.add(r, c.n, c.swap_tokens)
+        self.budget_c -= c.n
+        if not _is_decode(r):
+            self.budget_p -= c.n
+        ready.append(c)
+        self.in_batch.add(r.req_id)
+
+    def remove(self, c: _Cand, ready: list[_Cand]) -> None:
+        r = c.req
+        self.plan.give_back(r, c.need)
+        self.cost.add(r, c.n, c.swap_tokens, sign=-1)
+        self.budget_c += c.n
+        if not _is_decode(r):
+            self.budget_p += c.n
+        ready.remove(c)
+        self.in_batch.discard(r.req_id)
+
+
+class BROSScheduler(Scheduler):
+    """Algorithm 1 with adaptive batch sizing; see the module docstring."""
+
+    def __init__(self, config: BROSConfig | None = None, name: str = "bros") -> None:
+        self.config = config or BROSConfig()
+        self.name = name
+        self.chunked_prefill = self.config.chunked_prefill
+        self.default_prefill_tokens = self.config.prefill_tokens
+        self.overlap_swap = self.config.overlap_swap
+        self.drop_mode = self.config.preemption_mode or (
+            PreemptionMode.SWAP if self.config.bidirectional else PreemptionMode.RECOMPUTE
+        )
+        self.batch_size = self.config.batch_base
+        """B_curr."""
+        self.t_avg: float | None = None
+        self._last_start: float | None = None
+        self._iters_seen = 0
+        self.predicted_misses = 0
+        """Iterations whose RT loop stopped on the time check (B_curr backed off)."""
+
+    def describe(self) -> dict[str, object]:
+        d: dict[str, object] = {"name": self.name}
+        d.update(dataclasses.asdict(self.config))
+        return d
+
+    def max_sequence_tokens(self, limits: Limits) -> int:
+        if self.config.chunked_prefill:
+            return limits.kv_capacity_tokens
+        # A (re)fill runs whole: it must fit one batch.
+        return min(limits.max_prefill_tokens, limits.max_batch_tokens, limits.kv_capacity_tokens)
+
+    def make_kv(self, limits: Limits, cpu_swap_blocks: int) -> KVCacheManager | None:
+        # Bidirectional blocks come with engine/kv_bidirectional.py; until then: paged.
+        return None
+
+    # ------------------------------------------------------------------ timing
+    def _update_t_avg(self, view: InstanceView) -> float:
+        ends = view.iter_end
+        if self._last_start is not None and len(ends) > self._iters_seen:
+            d = (ends[-1] - self._last_start) / (len(ends) - self._iters_seen)
+            a = self.config.t_avg_alpha
+            self.t_avg = d if self.t_avg is None else (1 - a) * self.t_avg + a * d
+        self._iters_seen = len(ends)
+        if self.t_avg is None:
+            return view.cost_model.decode_time(1, 1)
+        return self.t_avg
+
+    def _k(self, r: Request, p: int) -> int:
+        if not self.config.chunked_prefill or _is_decode(r):
+            return 1
+        return max(1, -(-r.remaining_compute // p))
+
+    # ------------------------------------------------------------------ ranking
+    def _rt_order(
+        self, view: InstanceView, now: float, t_avg: float
+    ) -> tuple[Iterator[_Cand], list[_Cand], float]:
+        """RT candidates most urgent first (Figure 8's partial sort + merge), the sorted
+        list of the others for T_min^res, and T_min^res."""
+        p = view.limits.max_prefill_tokens
+        ends = view.iter_end
+        fresh: list[_Cand] = []
+        others: list[_Cand] = []
+        rt = RequestClass.RT
+
+        def res(r: Request) -> float:
+            slo = r.slo
+            if r.num_output_tokens == 0 or not r.token_runs:
+                target, since = slo.ttft_s, r.arrival
+            else:
+                target, since = slo.tpot_s, ends[r.token_runs[-1]]
+            if target is None:
+                return _INF
+            return target - (now - since) - (self._k(r, p) - 1) * t_avg
+
+        for r in view.waiting:
+            if r.req_class is rt:
+                c = _Cand(r, res(r))
+                # Never-started requests of one TTFT target are already in residual order.
+                (
+                    fresh if r.num_output_tokens == 0 and r.num_computed_tokens == 0 else others
+                ).append(c)
+        for q in (view.running, view.swapped):
+            for r in q:
+                if r.req_class is rt:
+                    others.append(_Cand(r, res(r)))
+        others.sort(key=lambda c: (c.residual, c.req.arrival, c.req.req_id))
+        if any(
+            fresh[i].residual > fresh[i + 1].residual for i in range(len(fresh) - 1)
+        ):  # mixed TTFT targets: the arrival order is not the residual order
+            fresh.sort(key=lambda c: (c.residual, c.req.arrival, c.req.req_id))
+        t_min = _INF
+        for lst in (fresh, others):
+            for c in lst:
+                if c.residual > 0:
+                    t_min = min(t_min, c.residual)
+                    break
+        merged = heapq.merge(fresh, others, key=lambda c: (c.residual, c.req.arrival, c.req.req_id))
+        return merged, others, t_min
+
+    def _be_order(self, view: InstanceView) -> list[Request]:
+        kv = view.kv
+        cpu_blocks = getattr(kv, "checkpointed_blocks", None)
+        be = RequestClass.BE
+        order = self.config.order
+        pred = view.predictor
+
+        def tie(r: Request) -> tuple[float, float]:
+            if order == "priority":
+                return (r.priority, r.arrival)
+            if order == "input":
+                return (r.num_prompt_tokens, r.arrival)
+            if order == "output":
+                return (pred.predict(r), r.arrival)
+            return (r.arrival, 0.0)
+
+        keyed: list[tuple[int, int, tuple[float, float], int, Request]] = []
+        for q in (view.running, view.swapped, view.waiting):
+            for r in q:
+                if r.req_class is not be:
+                    continue
+                if r.status is _SWAPPED:
+                    m = kv.swap_in_blocks_needed(r.req_id)
+                elif cpu_blocks is not None:
+                    m = cpu_blocks(r.req_id)
+                else:
+                    m = 0
+                keyed.append((m, 0 if r.status is _RUNNING else 1, tie(r), r.req_id, r))
+        keyed.sort(key=lambda t: t[:4])
+        return [t[4] for t in keyed]
+
+    # ------------------------------------------------------------------ sizing a candidate
+    def _size(self, r: Request, budget_c: int, budget_p: int) -> int:
+        """Tokens ``r`` processes now (0: it does not fit the token budgets)."""
+        if _is_decode(r):
+            return 1 if budget_c >= 1 else 0
+        rem = r.remaining_compute
+        room = min(budget_c, budget_p)
+        if self.config.chunked_prefill:
+            return min(rem, room)
+        return rem if rem <= room else 0
+
+    # ------------------------------------------------------------------ Algorithm 1
+    def schedule(self, view: InstanceView) -> SchedulerOutput:
+        cfg = self.config
+        now = view.now
+        lim = view.limits
+        t_avg = self._update_t_avg(view)
+        kv = view.kv
+        plan = _Plan(
+            kv=kv,
+            bs=lim.block_size,
+            free=kv.num_free_blocks,
+            cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
+            n_running=len(view.running),
+            max_running=lim.max_running,
+        )
+        rt_iter, rt_others, t_min = self._rt_order(view, now, t_avg)
+        d = _Decision(
+            plan=plan,
+            cost=_Cost(view.cost_model, cfg.overlap_swap),
+            t_min=t_min,
+            t_avg=t_avg,
+            b_curr=self.batch_size,
+            budget_c=lim.max_batch_tokens,
+            budget_p=lim.max_prefill_tokens,
+        )
+        any_rt = missed = False
+        for c in rt_iter:  # lines 5-15: the most urgent RT requests
+            any_rt = True
+            r = c.req
+            if r.req_id in plan.gone:
+                continue  # dropped for a more urgent request
+            if len(d.rt_ready) >= d.b_curr:
+                break
+            n = self._size(r, d.budget_c, d.budget_p)
+            if n == 0:
+                break
+            need = plan.need(r, n)
+            if not plan.fits(r, need) and not self._drop_for(
+                view, plan, r, need, c.residual, d.in_batch, rt_others
+            ):
+                break  # FindPreemptBlock failed
+            swap = r.num_computed_tokens if r.status is _SWAPPED else 0
+            if d.rt_ready and d.cost.time(r, n, swap) > t_min:
+                missed = True
+                break
+            c.n, c.need, c.swap_tokens = n, need, swap
+            d.add(c, d.rt_ready)
+
+        watermark = int(cfg.watermark * kv.num_blocks)
+        for r in self._be_order(view):  # lines 16-33: pack BE requests, or replace RT
+            if r.req_id in plan.gone:
+                continue
+            n = self._size(r, d.budget_c, d.budget_p)
+            swap = r.num_computed_tokens if r.status is _SWAPPED else 0
+            need = plan.need(r, n) if n else 0
+            if (
+                n
+                and plan.fits(r, need + (watermark if r.status is not _RUNNING else 0))
+                and len(d.rt_ready) + len(d.be_ready) < d.b_curr
+                and d.cost.time(r, n, swap) <= t_min
+            ):
+                d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
+            elif not self._replace(r, d):
+                break
+
+        # Adaptive batch size (§4.2): back off on a predicted miss, grow while no RT.
+        if missed:
+            self.predicted_misses += 1
+            self.batch_size = cfg.batch_base
+        elif not any_rt and cfg.adaptive_batch:
+            cap = cfg.batch_max or lim.max_running
+            self.batch_size = max(cfg.batch_base, min(d.b_curr * 2, cap))
+
+        chosen = (*d.rt_ready, *d.be_ready)
+        batch = tuple(ScheduledRequest(c.req, c.n) for c in chosen)
+        swap_in = tuple(c.req for c in chosen if c.req.status is _SWAPPED)
+        self._last_start = now if batch or plan.preempt else None
+        self._iters_seen = len(view.iter_end)
+        return SchedulerOutput(batch, tuple(plan.preempt), swap_in)
+
+    def _replace(self, r: Request, d: _Decision) -> bool:
+        """Algorithm 1 lines 40-53: swap the least urgent RT request of the batch for BE
+        request ``r`` when that makes ``r`` fit; False (nothing changed) otherwise."""
+        if not d.rt_ready:
+            return False
+        victim = d.rt_ready[-1]
+        if self.config.replace_guard and victim.residual - d.cost.time() <= d.t_avg:
+            return False  # it cannot afford to skip this iteration
+        d.remove(victim, d.rt_ready)  # undo its share, then see whether r fits instead
+        n = self._size(r, d.budget_c, d.budget_p)
+        swap = r.num_computed_tokens if r.status is _SWAPPED else 0
+        need = d.plan.need(r, n) if n else 0
+        if (
+            n
+            and d.plan.fits(r, need)
+            and len(d.rt_ready) + len(d.be_ready) < d.b_curr
+            and d.cost.time(r, n, swap) <= d.t_min
+        ):
+            d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
+            return True
+        d.add(victim, d.rt_ready)
+        return False
+
+    def _drop_for(
+        self,
+        view: InstanceView,
+        plan: _Plan,
+        cand: Request,
+        need: int,
+        residual: float,
+        in_batch: set[int],
+        rt_sorted: list[_Cand],
+    ) -> bool:
+        """Progressive dropping (§5.2) to make room for RT request ``cand``: BE requests not
+        in the batch (newest first), then less urgent RT requests (most residual first).
+        Evicts only when evicting every eligible victim would make room."""
+        kv = plan.kv
+        victims: list[Request] = []
+        for r in reversed(view.running):
+            if (
+                r.req_class is RequestClass.BE
+                and r.req_id not in in_batch
+                and r.req_id not in plan.gone
+            ):
+                victims.append(r)
+        rank = (residual, cand.arrival, cand.req_id)
+        for c in reversed(rt_sorted):
+            r = c.req
+            if (c.residual, r.arrival, r.req_id) <= rank:
+                break  # everything left is at least as urgent as the candidate
+            if (
+                r.status is _RUNNING
+                and r.req_id not in in_batch
+                and r.req_id not in plan.gone
+                and r is not cand
+            ):
+                victims.append(r)
+        room = plan.free + sum(kv.num_request_blocks(r.req_id) for r in victims)
+        slots = plan.n_running + (0 if cand.status is _RUNNING else 1) - len(victims)
+        if need > room or slots > plan.max_running:
+            return False
+        for r in victims:
+            if plan.fits(cand, need):
+                return True
+            plan.evict(r, self.drop_mode)
+        return plan.fits(cand, need)
+
+
+def make_bros(params: Mapping[str, Any], name: str = "bros") -> Scheduler:
+    """The registry factory: ``params`` override :class:`BROSConfig` fields."""
+    fields = {f.name for f in dataclasses.fields(BROSConfig)}
+    unknown = sorted(set(params) - fields)
+    if unknown:
+        raise ConfigError(
+            f"policy {name!r}: unknown parameter(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(sorted(fields))}"
+        )
+    p = dict(params)
+    if p.get("preemption_mode") is not None:
+        try:
+            p["preemption_mode"] = PreemptionMode(p["preemption_mode"])
+        except ValueError as e:
+            raise ConfigError(
+                f"policy {name!r}: preemption_mode must be recompute or swap, "
+                f"got {p['preemption_mode']!r}"
+            ) from e
+    try:
+        return BROSScheduler(BROSConfig(**p), name=name)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"policy {name!r}: {e}") from e
