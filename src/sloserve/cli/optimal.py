@@ -1,1 +1,258 @@
-"""CLI commands: optimal (registered on import by ``sloserve.cli``)."""
+"""CLI commands: optimal (registered on import by ``sloserve.cli``).
+
+``sloserve optimal`` solves InferMax's CSP (``sloserve.optimal.csp``) for a small instance —
+``--requests N --input I --output O`` or a slice of a workload/trace (the shared workload
+flags; cap it with ``--num-requests``) — replays the solution through the engine to verify
+it, and prints the result (``--json`` for the machine-readable summary). ``--replay FILE``
+instead verifies a schedule exported with ``--schedule-out``. OR-Tools loads only here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from sloserve.cli._app import (
+    _WORKLOAD_FLAGS,
+    ConfigOpt,
+    _build_config,
+    _with_flags,
+    app,
+    console,
+)
+from sloserve.core.errors import ConfigError
+
+_LIMIT_FLAGS = ("profile", "max_running", "max_batch_tokens", "chunk_size", "kv_capacity")
+_REL_TOL = 1e-6
+"""Replay agreement: the solver's integer time units round each coefficient (~1e-9 s)."""
+
+
+def _cost_model(spec: str | None, profile: str) -> Any:
+    from sloserve.costmodel.base import ConstantCostModel
+    from sloserve.costmodel.profile import load_profile
+
+    if spec is None:
+        return load_profile(profile).cost_model()
+    kind, _, arg = spec.partition(":")
+    try:
+        if kind == "constant":
+            return ConstantCostModel(float(arg))
+    except ValueError:
+        pass
+    raise ConfigError(f"--cost-model {spec!r}: expected constant:SECONDS > 0")
+
+
+@app.command("optimal")
+@_with_flags(*_WORKLOAD_FLAGS, *_LIMIT_FLAGS)
+def optimal(
+    config: ConfigOpt = None,
+    requests: Annotated[
+        int | None, typer.Option("--requests", help="N identical offline requests.")
+    ] = None,
+    input_tokens: Annotated[
+        int | None, typer.Option("--input", help="I: prompt tokens of each request.")
+    ] = None,
+    output_tokens: Annotated[
+        int | None, typer.Option("--output", help="O: output tokens of each request.")
+    ] = None,
+    cost_model: Annotated[
+        str | None,
+        typer.Option("--cost-model", help="constant:SECONDS instead of the profile's model."),
+    ] = None,
+    objective: Annotated[
+        str, typer.Option("--objective", help="latency (total), ttft, tpot or makespan.")
+    ] = "latency",
+    time_limit: Annotated[
+        float, typer.Option("--time-limit", help="Solver wall-clock limit, seconds.")
+    ] = 10.0,
+    max_batches: Annotated[
+        int | None,
+        typer.Option("--max-batches", help="J, batches in the model (default: the warm start's)."),
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option("--workers", help="CP-SAT workers (1: deterministic).")
+    ] = None,
+    solver_seed: Annotated[int, typer.Option("--solver-seed", help="CP-SAT random seed.")] = 0,
+    no_eviction: Annotated[bool, typer.Option("--no-eviction", help="Forbid evictions.")] = False,
+    no_hybrid: Annotated[
+        bool, typer.Option("--no-hybrid", help="Forbid prefill and decode in one batch.")
+    ] = False,
+    no_chunked: Annotated[
+        bool, typer.Option("--no-chunked-prefill", help="Every prefill completes in one batch.")
+    ] = False,
+    warm_start: Annotated[
+        str | None,
+        typer.Option(
+            "--warm-start",
+            help="Comma-separated policies to seed the solver with (the best is the hint), "
+            "or 'none'. Default: vllm, vllm-ef, sarathi, sarathi-ef.",
+        ),
+    ] = None,
+    better_than: Annotated[
+        str | None,
+        typer.Option("--better-than", help="Require a schedule better than this policy's."),
+    ] = None,
+    by_pct: Annotated[
+        float, typer.Option("--by", help="... by at least this many percent (--better-than).")
+    ] = 0.0,
+    schedule_out: Annotated[
+        Path | None, typer.Option("--schedule-out", help="Write the schedule as JSON here.")
+    ] = None,
+    replay_file: Annotated[
+        Path | None,
+        typer.Option("--replay", help="Verify a schedule file through the engine instead."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary only.")] = False,
+    *,
+    flags: dict[str, Any],
+) -> None:
+    """Optimal schedule by constraint solving (InferMax §3.3), verified by engine replay."""
+    if replay_file is not None:
+        _replay(replay_file, flags.get("profile"), cost_model, as_json)
+        return
+    from sloserve.engine.interface import Limits
+    from sloserve.optimal.csp import CspOptions, solve
+    from sloserve.optimal.schedule import jobs_from_requests, replay, uniform_jobs, write_schedule
+
+    given = [requests, input_tokens, output_tokens]
+    workload_flags = {k: v for k, v in flags.items() if k in _WORKLOAD_FLAGS and v is not None}
+    if any(v is not None for v in given):
+        if any(v is None for v in given):
+            raise ConfigError("--requests, --input and --output go together")
+        if workload_flags or config is not None:
+            raise ConfigError("use either --requests/--input/--output or a workload, not both")
+        assert requests is not None and input_tokens is not None and output_tokens is not None
+        jobs = uniform_jobs(requests, input_tokens, output_tokens)
+    elif workload_flags or config is not None:
+        from sloserve.experiments.runner import workload_requests
+
+        cfg, _ = _build_config({}, config, flags)
+        jobs = jobs_from_requests(workload_requests(cfg))
+        if not jobs:
+            raise ConfigError("the workload has no requests")
+    else:
+        raise ConfigError(
+            "give --requests N --input I --output O, or a workload slice "
+            "(--workload/--trace ... --num-requests N)"
+        )
+    profile = flags.get("profile") or "llama-2-7b-a100"
+    cm = _cost_model(cost_model, profile)
+    c = flags.get("max_batch_tokens") or 4096
+    p = min(flags.get("chunk_size") or c, c)
+    m = flags.get("kv_capacity") or max(sum(j.max_kv for j in jobs), 1)
+    try:
+        limits = Limits(c, p, m, flags.get("max_running") or 256, 1)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    ws: tuple[str, ...] | None = None
+    if warm_start is not None:
+        ws = () if warm_start == "none" else tuple(s for s in warm_start.split(",") if s)
+    opts = CspOptions(
+        objective=objective,  # type: ignore[arg-type]  # validated by CspOptions
+        max_batches=max_batches,
+        allow_eviction=not no_eviction,
+        allow_hybrid=not no_hybrid,
+        allow_chunked_prefill=not no_chunked,
+        time_limit_s=time_limit,
+        workers=workers,
+        seed=solver_seed,
+        warm_start=ws,
+        better_than=better_than,
+        better_by_pct=by_pct,
+    )
+    result = solve(jobs, limits, cm, opts)
+    out = result.summary()
+    out["requests"] = len(jobs)
+    out["limits"] = {"C": c, "P": p, "M": m, "R_max": limits.max_running}
+    out["profile"] = profile if cost_model is None else cost_model
+    if result.schedule is not None:
+        run = replay(result.schedule, jobs, cm, limits)
+        out["engine_latency"] = run.total_latency
+        out["replay_matches"] = bool(
+            run.all_finished
+            and abs(run.total_latency - (result.latency or 0.0))
+            <= _REL_TOL * max(run.total_latency, 1e-12)
+        )
+        if schedule_out is not None:
+            sched = result.schedule
+            meta = {
+                **dict(sched.meta),
+                "status": result.status,
+                "objective_value": result.objective,
+            }
+            write_schedule(
+                schedule_out,
+                type(sched)(sched.batches, meta),
+                jobs,
+                limits,
+                None if cost_model is not None else profile,
+            )
+    elif schedule_out is not None:
+        raise ConfigError(f"no schedule to write: the solver says {result.status}")
+    if as_json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    _print(out, result)
+
+
+def _print(out: dict[str, Any], result: Any) -> None:
+    status = out["status"]
+    console.print(
+        f"[bold]{status}[/bold]  objective {out['objective']}  gap {out['gap']}  "
+        f"({out['solve_seconds']:.2f} s, J = {out['max_batches']})"
+    )
+    if result.schedule is None:
+        console.print(f"no schedule: the solver says {status}")
+        return
+    console.print(
+        f"total latency {out['latency']:.6f} s (engine replay {out['engine_latency']:.6f} s, "
+        f"{'matches' if out['replay_matches'] else 'DIFFERS'}), mean TTFT "
+        f"{out['mean_ttft']:.6f} s, mean TPOT {out['mean_tpot']:.6f} s, makespan "
+        f"{out['makespan']:.6f} s, {out['evictions']} evictions, {out['num_batches']} batches"
+    )
+    for name, lat in out["baselines"].items():
+        console.print(f"  {name:<12} total latency {lat if lat is None else f'{lat:.6f} s'}")
+    for k, b in enumerate(result.schedule.batches):
+        run = " ".join(f"r{r}:{n}" for r, n in b.entries)
+        ev = f"  evict {' '.join(f'r{r}' for r in b.evict)}" if b.evict else ""
+        console.print(f"  batch {k:>3}: {run}{ev}")
+
+
+def _replay(path: Path, profile: str | None, cost_model: str | None, as_json: bool) -> None:
+    from sloserve.optimal.schedule import evaluate, read_schedule, replay
+
+    sched, jobs, limits, file_profile = read_schedule(path)
+    prof = profile or file_profile
+    if prof is None and cost_model is None:
+        raise ConfigError(f"{path} names no profile: pass --profile or --cost-model")
+    cm = _cost_model(cost_model, prof or "llama-2-7b-a100")
+    ev = evaluate(sched, jobs, cm, limits)
+    run = replay(sched, jobs, cm, limits)
+    objective = sched.meta.get("objective_value")
+    out = {
+        "schedule": str(path),
+        "num_batches": sched.num_batches,
+        "evictions": ev.evictions,
+        "latency": ev.total_latency,
+        "engine_latency": run.total_latency,
+        "engine_preemptions": run.num_preemptions,
+        "all_finished": run.all_finished,
+        "objective": objective,
+        "objective_name": sched.meta.get("objective"),
+        "replay_matches": bool(
+            run.all_finished
+            and abs(run.total_latency - ev.total_latency) <= _REL_TOL * ev.total_latency
+        ),
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    console.print(
+        f"replayed {sched.num_batches} batches: engine total latency {run.total_latency:.6f} s, "
+        f"schedule priced {ev.total_latency:.6f} s, objective {objective}: "
+        f"{'matches' if out['replay_matches'] else 'DIFFERS'}"
+    )

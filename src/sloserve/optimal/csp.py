@@ -46,7 +46,7 @@ in batch j)`` (online variant: nothing of i runs before it arrives, the GPU idle
 it waits), end ``E_j = S_j + t_j`` (the paper's Acc_j).
 
 Objectives: ``latency`` Σ_i (F_i − T_i), F_i the end of i's last batch (the default;
-equivalently mean latency); ``ttft`` Σ_i (first token − T_i); ``tpot`` Σ_i (F_i −
+equivalently mean latency); ``ttft`` mean_i (first token − T_i); ``tpot`` Σ_i (F_i −
 first)/(O_i − 1) over O_i > 1 (weights scaled to integers by their lcm); ``makespan`` E_J.
 
 Choices where the paper is vague (parameters of :class:`CspOptions`): the number of
@@ -751,6 +751,7 @@ def _build(
         objective = sum(finish) - sum(arrivals)
     elif opts.objective == "ttft":
         objective = sum(first) - sum(arrivals)
+        scale = N  # mean TTFT
     elif opts.objective == "makespan":
         objective = end[-1]
     else:  # tpot: Σ (F − FT)/(O − 1), weights made integer by their lcm

@@ -1,0 +1,244 @@
+"""InferMax's CSP: exactness against exhaustive search, never worse than the presets, engine
+replay of its schedules, the online variant, the options, and the §4.5 finding."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sloserve.core.errors import ConfigError, SchedulerViolation
+from sloserve.costmodel.base import ConstantCostModel
+from sloserve.costmodel.profile import load_profile
+from sloserve.engine.interface import Limits
+from sloserve.optimal.csp import CspOptions, SolverUnavailable, run_baseline, solve
+from sloserve.optimal.exhaustive import exhaustive_optimum
+from sloserve.optimal.schedule import (
+    Job,
+    Schedule,
+    ScheduledBatch,
+    evaluate,
+    read_schedule,
+    replay,
+    uniform_jobs,
+    write_schedule,
+)
+
+CM = load_profile("llama-2-7b-a100").cost_model()
+FAST = {"workers": 2, "time_limit_s": 20.0, "warm_start": ()}
+
+TINY = {
+    "two-evict": ([Job(0, 3, 2), Job(1, 3, 2)], Limits(4096, 4096, 6, 8, 1)),
+    "three-mixed": ([Job(0, 2, 3), Job(1, 4, 2), Job(2, 1, 2)], Limits(6, 4, 7, 8, 1)),
+    "rmax": ([Job(0, 3, 2), Job(1, 2, 2), Job(2, 2, 3)], Limits(4096, 4096, 6, 2, 1)),
+    "chunks": ([Job(0, 4, 2), Job(1, 4, 2)], Limits(4096, 2, 6, 8, 1)),
+}
+
+
+def _close(a: float, b: float, rel: float = 1e-6) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+@pytest.mark.parametrize(
+    ("case", "objective", "evict"),
+    [
+        ("two-evict", "latency", True),
+        ("two-evict", "latency", False),
+        ("two-evict", "makespan", True),
+        ("three-mixed", "latency", True),
+        ("three-mixed", "makespan", False),
+        ("rmax", "latency", True),
+        ("chunks", "latency", True),
+    ],
+)
+def test_csp_equals_exhaustive_search(case: str, objective: str, evict: bool) -> None:
+    jobs, limits = TINY[case]
+    bf = exhaustive_optimum(jobs, limits, CM, objective=objective, allow_eviction=evict)
+    # the same batch budget for both: then both are exact optima over the same schedules
+    J = bf.schedule.num_batches + 1
+    bf_j = exhaustive_optimum(
+        jobs, limits, CM, objective=objective, allow_eviction=evict, max_batches=J
+    )
+    res = solve(
+        jobs,
+        limits,
+        CM,
+        CspOptions(objective=objective, allow_eviction=evict, max_batches=J, **FAST),  # type: ignore[arg-type]
+    )
+    assert res.status == "optimal"
+    assert res.evaluation is not None
+    assert _close(res.evaluation.metric(objective), bf_j.value)
+    assert _close(bf_j.value, bf.value)  # one spare batch never helps on these
+    assert res.objective is not None and _close(res.objective, bf.value, 1e-5)
+    if not evict:
+        assert res.evictions == 0
+
+
+@pytest.mark.parametrize(("hybrid", "chunked"), [(False, True), (True, False), (False, False)])
+def test_forbidden_features_match_exhaustive(hybrid: bool, chunked: bool) -> None:
+    jobs, limits = TINY["three-mixed"]
+    bf = exhaustive_optimum(jobs, limits, CM, allow_hybrid=hybrid, allow_chunked_prefill=chunked)
+    J = bf.schedule.num_batches + 1
+    res = solve(
+        jobs,
+        limits,
+        CM,
+        CspOptions(
+            allow_hybrid=hybrid,
+            allow_chunked_prefill=chunked,
+            max_batches=J,
+            **FAST,  # type: ignore[arg-type]
+        ),
+    )
+    assert res.status == "optimal" and res.evaluation is not None
+    assert _close(res.evaluation.total_latency, bf.value)
+    free = exhaustive_optimum(jobs, limits, CM)
+    assert bf.value >= free.value - 1e-12  # forbidding a feature never helps
+
+
+def test_evicting_optimum_beats_eviction_free_on_a_tiny_instance() -> None:
+    jobs, limits = TINY["two-evict"]
+    with_e = exhaustive_optimum(jobs, limits, CM)
+    without = exhaustive_optimum(jobs, limits, CM, allow_eviction=False)
+    assert with_e.schedule.evictions > 0 and with_e.value < without.value
+
+
+PRESETS = [
+    f"{p}{s}"
+    for p in ("vllm", "sarathi", "sarathi-p=c", "sarathi-nocp", "vllm-hy", "sarathi-nohy")
+    for s in ("", "-ef")
+]
+
+
+def test_optimum_never_worse_than_any_preset() -> None:
+    jobs = uniform_jobs(3, 6, 3)
+    limits = Limits(4096, 4096, 14, 256, 1)
+    runs = {p: run_baseline(p, jobs, CM, limits) for p in PRESETS}
+    served = {p: b for p, b in runs.items() if b.evaluation is not None}
+    assert len(served) >= 6
+    res = solve(jobs, limits, CM, CspOptions(workers=2, time_limit_s=20, warm_start=tuple(served)))
+    assert res.evaluation is not None and res.status in ("optimal", "feasible")
+    for p, b in served.items():
+        assert b.evaluation is not None
+        assert res.evaluation.total_latency <= b.evaluation.total_latency * (1 + 1e-9), p
+
+
+def test_replayed_schedule_passes_engine_validation_and_reproduces_objective(
+    tmp_path: Path,
+) -> None:
+    jobs, limits = TINY["three-mixed"]
+    res = solve(jobs, limits, CM, CspOptions(workers=2, time_limit_s=20))
+    assert res.schedule is not None and res.evaluation is not None and res.objective
+    run = replay(res.schedule, jobs, CM, limits)
+    assert run.all_finished
+    assert _close(run.total_latency, res.evaluation.total_latency, 1e-12)
+    assert _close(run.total_latency, res.objective, 1e-6)
+    assert run.num_preemptions == res.evaluation.evictions
+    # the JSON form round-trips
+    path = tmp_path / "s.json"
+    write_schedule(path, res.schedule, jobs, limits, "llama-2-7b-a100")
+    sched, jobs2, limits2, profile = read_schedule(path)
+    assert sched.batches == res.schedule.batches and jobs2 == list(jobs)
+    assert limits2 == limits and profile == "llama-2-7b-a100"
+
+
+def test_engine_rejects_a_schedule_that_breaks_a_limit() -> None:
+    jobs = [Job(0, 3, 2), Job(1, 3, 2)]
+    limits = Limits(4096, 4096, 5, 8, 1)
+    bad = Schedule((ScheduledBatch(((0, 3), (1, 3))),))  # 6 KV tokens > M = 5
+    with pytest.raises(SchedulerViolation, match="M"):
+        replay(bad, jobs, CM, limits)
+    with pytest.raises(SchedulerViolation, match="M"):
+        evaluate(bad, jobs, CM, limits)
+
+
+def test_online_variant_respects_arrivals_and_replays() -> None:
+    jobs = [Job(0, 4, 3, 0.0), Job(1, 2, 2, 0.015), Job(2, 3, 2, 0.1)]
+    limits = Limits(4096, 4096, 8, 8, 1)
+    res = solve(jobs, limits, CM, CspOptions(workers=2, time_limit_s=20))
+    assert res.status == "optimal" and res.schedule is not None and res.evaluation is not None
+    ev = res.evaluation
+    for batch, start in zip(res.schedule.batches, ev.batch_start, strict=True):
+        assert all(start >= jobs[r].arrival_s for r, _n in batch.entries)
+    assert ev.first_token[2] > 0.1  # the GPU waited for request 2
+    run = replay(res.schedule, jobs, CM, limits)
+    assert _close(run.total_latency, ev.total_latency, 1e-12)
+    for name, b in res.baselines.items():
+        assert b.evaluation is not None
+        assert ev.total_latency <= b.evaluation.total_latency * (1 + 1e-9), name
+
+
+@pytest.mark.parametrize("objective", ["ttft", "tpot"])
+def test_alternative_objectives(objective: str) -> None:
+    jobs = [Job(0, 3, 3), Job(1, 2, 2), Job(2, 2, 3)]
+    limits = Limits(4096, 4096, 7, 8, 1)
+    res = solve(jobs, limits, CM, CspOptions(objective=objective, workers=2, time_limit_s=20))  # type: ignore[arg-type]
+    lat = solve(jobs, limits, CM, CspOptions(objective="latency", workers=2, time_limit_s=20))
+    assert res.status == "optimal" and res.evaluation is not None and res.objective is not None
+    assert lat.evaluation is not None
+    assert _close(res.objective, res.evaluation.metric(objective), 1e-5)
+    assert res.evaluation.metric(objective) <= lat.evaluation.metric(objective) * (1 + 1e-9)
+    for b in res.baselines.values():
+        assert b.evaluation is not None
+        assert res.evaluation.metric(objective) <= b.evaluation.metric(objective) * (1 + 1e-9)
+
+
+def test_better_than_constraint() -> None:
+    jobs, limits = TINY["two-evict"]
+    ok = solve(jobs, limits, CM, CspOptions(better_than="vllm-ef", better_by_pct=10, **FAST))  # type: ignore[arg-type]
+    assert ok.status == "optimal" and ok.target is not None and ok.latency is not None
+    assert ok.latency <= ok.target * (1 + 1e-9)
+    no = solve(jobs, limits, CM, CspOptions(better_than="vllm-ef", better_by_pct=50, **FAST))  # type: ignore[arg-type]
+    assert no.status == "infeasible" and no.schedule is None and no.objective is None
+
+
+def test_constant_cost_model_counts_batches() -> None:
+    jobs = uniform_jobs(2, 2, 2)
+    res = solve(jobs, Limits(4096, 4096, 100, 8, 1), ConstantCostModel(0.01), CspOptions(**FAST))  # type: ignore[arg-type]
+    # both prefills in one batch, one decode batch: each request finishes at 2 × 10 ms
+    assert res.status == "optimal" and res.latency == pytest.approx(0.04)
+
+
+def test_bad_input_is_a_typed_error() -> None:
+    with pytest.raises(ConfigError, match="M="):
+        solve([Job(0, 10, 5)], Limits(4096, 4096, 8, 8, 1), CM)
+    with pytest.raises(ConfigError, match="objective"):
+        CspOptions(objective="fairness")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="block size"):
+        solve([Job(0, 2, 2)], Limits(4096, 4096, 64, 8, 16), CM)
+
+
+def test_missing_solver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    with pytest.raises(SolverUnavailable, match=r"sloserve\[solver\]"):
+        solve([Job(0, 2, 2)], Limits(4096, 4096, 64, 8, 1), CM, CspOptions(warm_start=()))
+
+
+def test_simulating_never_imports_the_solver() -> None:
+    code = (
+        "import sys, sloserve.cli, sloserve.optimal, sloserve.optimal.csp, "
+        "sloserve.experiments.infermax_csp\n"
+        "from sloserve.experiments.runner import SimConfig, simulate\n"
+        "simulate(SimConfig.model_validate({'workload': {'num_requests': 3}, "
+        "'instance': {'cost_model': 'constant:0.01'}}))\n"
+        "assert 'ortools' not in sys.modules, 'ortools imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_section45_finding() -> None:
+    """Llama-2-7B/A100, O = B = 4, M = max(2I, I+O-1): for short inputs the optimum evicts
+    and beats the best eviction-free schedule; for long ones it does not evict."""
+    from sloserve.experiments.infermax_csp import csp_eviction_sweep
+
+    df = csp_eviction_sweep([4, 512], time_limit_s=4.0, workers=2).set_index("I")
+    short, long = df.loc[4], df.loc[512]
+    assert short["status"] in ("optimal", "feasible")
+    assert short["optimal_evictions"] > 0
+    assert short["optimal_latency"] < short["best_ef_latency"]
+    assert short["latency_gap_pct"] > 5
+    assert long["optimal_evictions"] == 0
+    assert long["optimal_latency"] <= long["best_preset_latency"] * (1 + 1e-9)
