@@ -112,7 +112,7 @@ def test_every_analysis_writes_data_plots_and_the_findings_table(tiny: Any) -> N
     assert head["paper"]["csp_evict_latency_cut_max"] == 0.352
     assert set(head) >= {"contention", "eviction", "memory", "csp", "rmax", "ranking"}
     table = (out / "findings.md").read_text()
-    assert "| 4.5 | optimum evicts for I below | 128 |" in table
+    assert "| 4.5 | optimum does not evict from I | 128 | 1024 |" in table
     assert (res["finished"] == res["requests"]).all()  # every planned point is servable
     # the memory sweep skips the (I, M) points no request can finish in (I + O - 1 > M)
     mem = res[res["analysis"] == "memory"]
@@ -263,7 +263,7 @@ def test_cli_runs_a_quick_analysis(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         ],
     )
     assert res.exit_code == 0, res.output
-    assert "vLLM-ef vs vLLM latency, I ≥ 128" in res.stdout and "27.5%" in res.stdout
+    assert "vLLM-ef vs vLLM (evicting), I ≥ 128" in res.stdout and "27.5%" in res.stdout
     df = pd.read_parquet(out / "results.parquet")
     assert set(df["analysis"]) == {"csp"} and (out / "csp.png").exists()
     assert not (out / "csp.parquet").exists()  # --no-csp: the solver was not called
