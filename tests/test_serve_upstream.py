@@ -7,6 +7,7 @@ Proxy tests run a small fake OpenAI-compatible engine (FastAPI in a uvicorn thre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -19,6 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
+import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -117,11 +119,11 @@ class FakeEngine:
         return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _serve(app: FastAPI) -> tuple[str, uvicorn.Server, threading.Thread]:
+def _serve(app: FastAPI, lifespan: str = "off") -> tuple[str, uvicorn.Server, threading.Thread]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan=lifespan))
     t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     t.start()
     deadline = time.monotonic() + 10
@@ -564,3 +566,79 @@ def test_config_validation() -> None:
             UpstreamConfig.build(**bad)
     with pytest.raises(Exception, match="frozen"):
         c.router = "round-robin"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------- through the API
+
+
+@contextlib.contextmanager
+def gateway(cfg: UpstreamConfig) -> Iterator[tuple[str, OpenAIUpstreamBackend]]:
+    """The real gateway app (``serve/api.py``) over this backend, in a uvicorn thread."""
+    from sloserve.serve.api import create_app
+
+    backend = OpenAIUpstreamBackend(cfg)
+    url, server, t = _serve(create_app(backend), lifespan="on")
+    try:
+        yield url, backend
+    finally:
+        server.should_exit = True
+        t.join(10)
+
+
+async def _post_all(url: str, bodies: list[dict[str, Any]], gap: float) -> list[Any]:
+    async with httpx.AsyncClient(timeout=20) as c:
+
+        async def one(k: int, body: dict[str, Any]) -> Any:
+            await asyncio.sleep(k * gap)
+            r = await c.post(url + "/v1/completions", json=body)
+            return r.status_code, dict(r.headers), r.json()
+
+        return await asyncio.gather(*(one(k, b) for k, b in enumerate(bodies)))
+
+
+def test_gateway_answers_429_queue_full_with_retry_after(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.tokens, f1.delay = 4, 0.1  # 0.4 s per request: the 1 slot and 1 queue place fill up
+    cfg = UpstreamConfig(
+        upstreams=(u1,), max_concurrency=1, max_queue=1, admission="queue", health_interval_s=0
+    )
+    body = {"model": "fake-model", "prompt": "hi", "max_tokens": 4}
+    with gateway(cfg) as (url, _):
+        out = asyncio.run(_post_all(url, [body] * 3, 0.05))
+    assert [s for s, _, _ in out] == [200, 200, 429]
+    _, headers, err = out[2]
+    assert headers["x-sloserve-drop-reason"] == "queue_full"
+    assert int(headers["retry-after"]) >= 1
+    assert "queue full" in err["error"]["message"]
+    assert out[0][2]["usage"]["completion_tokens"] == 4
+
+
+def test_gateway_priority_order_reaches_the_engine(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.tokens, f1.delay = 3, 0.1
+    cfg = UpstreamConfig(
+        upstreams=(u1,), max_concurrency=1, order="priority", admission="none", health_interval_s=0
+    )
+    bodies = [
+        {"model": "fake-model", "prompt": name, "max_tokens": 3, "priority": prio}
+        for name, prio in [("blocker", 0), ("late", 9), ("mid", 5), ("urgent", 0)]
+    ]
+    with gateway(cfg) as (url, _):
+        out = asyncio.run(_post_all(url, bodies, 0.03))
+    assert all(s == 200 for s, _, _ in out)
+    assert [b["prompt"] for b in f1.bodies] == ["blocker", "urgent", "mid", "late"]
+    assert all("priority" not in b for b in f1.bodies)  # forward_priority is off
+
+
+def test_gateway_metrics_show_upstreams(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.metrics = "vllm:num_requests_running 2\nvllm:kv_cache_usage_perc 0.5\n"
+    f2.healthy = False
+    cfg = UpstreamConfig(upstreams=(u1, u2), health_interval_s=0.1)
+    with gateway(cfg) as (url, _):
+        text = httpx.get(url + "/metrics", timeout=5).text
+        health = httpx.get(url + "/health", timeout=5)
+    assert f'sloserve_replica_running{{replica="{u1}"}} 2.0' in text
+    assert f'sloserve_replica_kv_usage{{replica="{u1}"}} 0.5' in text
+    assert f'sloserve_replica_healthy{{replica="{u2}"}} 0.0' in text
+    assert health.status_code == 200
