@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
+import pandas as pd
 import uvicorn
 
+from sloserve.core.request import Request
 from sloserve.experiments.runner import InstanceConfig
 from sloserve.serve.api import GatewaySettings, create_app
 from sloserve.serve.backend import Backend
@@ -69,3 +73,44 @@ def live_server(
         server.should_exit = True
         thread.join(timeout=20)
         sock.close()
+
+
+async def replay_over_http(
+    base_url: str,
+    requests: Sequence[Request],
+    time_scale: float,
+    model: str = MODEL,
+) -> pd.DataFrame:
+    """Send ``requests`` to a gateway at their arrival times (divided by ``time_scale``) as
+    streaming completions with token-id prompts of their exact prompt length and
+    ``max_tokens`` their output length; one row per request with the TTFT and TPOT the
+    client measured, in simulated seconds (wall times multiplied by ``time_scale``)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        t0 = time.monotonic() + 0.05
+
+        async def one(r: Request) -> dict[str, Any]:
+            await asyncio.sleep(max(0.0, t0 + r.arrival / time_scale - time.monotonic()))
+            body = {
+                "model": model, "prompt": [7] * r.num_prompt_tokens,
+                "max_tokens": r.true_output_len, "stream": True,
+            }  # fmt: skip
+            sent = time.monotonic()
+            times: list[float] = []
+            async with client.stream("POST", f"{base_url}/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    raise RuntimeError(f"request {r.req_id}: HTTP {resp.status_code}")
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {"):
+                        times.append(time.monotonic())
+            n = len(times)
+            return {
+                "req_id": r.req_id,
+                "late_s": (sent - t0) * time_scale - r.arrival,
+                "tokens": n,
+                "ttft_s": (times[0] - sent) * time_scale,
+                "tpot_s": (times[-1] - times[0]) / (n - 1) * time_scale if n > 1 else float("nan"),
+            }
+
+        rows = await asyncio.gather(*(one(r) for r in requests))
+    return pd.DataFrame(rows)

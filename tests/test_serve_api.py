@@ -271,6 +271,14 @@ def test_unknown_fields_lenient_then_strict(server: LiveServer) -> None:
     r = httpx.post(f"{server.base_url}/completions", json=body, timeout=10)
     assert r.status_code == 200
     assert r.headers["x-sloserve-ignored-params"] == "vendor_knob,zeta"
+    odd = {**body, "ā": 1, **{f"k{i:02}": i for i in range(20)}}
+    r = httpx.post(f"{server.base_url}/completions", json=odd, timeout=10)
+    assert r.status_code == 200
+    assert r.headers["x-sloserve-ignored-params"].startswith("k00,k01,")
+    assert r.headers["x-sloserve-ignored-params"].endswith(",k15,+7 more")
+    odd = {**body, "ā": 1}
+    r = httpx.post(f"{server.base_url}/completions", json=odd, timeout=10)
+    assert r.headers["x-sloserve-ignored-params"] == "vendor_knob,zeta,%C4%81"
     with live_server(settings=GatewaySettings(strict=True)) as strict:
         r = httpx.post(f"{strict.base_url}/completions", json=body, timeout=10)
         assert r.status_code == 400

@@ -37,6 +37,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -128,6 +129,18 @@ def _serve_error(e: ServeError) -> _ApiError:
     if e.retry_after_s is not None:
         headers["retry-after"] = str(max(1, round(e.retry_after_s)))
     return _ApiError(e.status, str(e), code=e.reason, headers=headers)
+
+
+_HEADER_NAMES_MAX = 16
+
+
+def _header_list(names: list[str]) -> str:
+    """Field names for a response header: percent-encoded (headers are latin-1, names are
+    any JSON string) and at most 16 of them (a body may carry thousands)."""
+    shown = [quote(n, safe="-_.~") for n in names[:_HEADER_NAMES_MAX]]
+    if len(names) > _HEADER_NAMES_MAX:
+        shown.append(f"+{len(names) - _HEADER_NAMES_MAX} more")
+    return ",".join(shown)
 
 
 def _sse(obj: dict[str, Any]) -> str:
@@ -286,11 +299,15 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         headers: dict[str, str] = {}
         if extra:
             if cfg.strict:
+                more = len(extra) - _HEADER_NAMES_MAX
+                names = ", ".join(extra[:_HEADER_NAMES_MAX]) + (
+                    f" (+{more} more)" if more > 0 else ""
+                )
                 raise _ApiError(
-                    400, f"unknown parameter{'s' if len(extra) > 1 else ''}: {', '.join(extra)}",
+                    400, f"unknown parameter{'s' if len(extra) > 1 else ''}: {names}",
                     param=extra[0], code="unknown_parameter",
                 )  # fmt: skip
-            headers["x-sloserve-ignored-params"] = ",".join(extra)
+            headers["x-sloserve-ignored-params"] = _header_list(extra)
         dumped = body.model_dump(exclude_unset=True)
         bad = unsupported_params(body) + backend.check_params(dumped)
         if bad:

@@ -90,7 +90,7 @@ class EmulatedConfig(BaseModel):
     )
     seed: int = 0
     max_queue: int | None = Field(
-        default=None, ge=0, description="waiting requests per replica before 429"
+        default=None, ge=1, description="waiting requests per replica before 429"
     )
     retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After on a full queue")
     served_model_name: str | None = Field(
@@ -300,6 +300,7 @@ class EmulatedBackend(Backend):
             if rep.timer is not None:
                 rep.timer.cancel()
                 rep.timer = None
+            rep.inst.abort_all()  # the engine stops here: nothing in flight survives
 
     # ---------------------------------------------------------------- requests
     def _output_len(self, req: GenerationRequest) -> int:
