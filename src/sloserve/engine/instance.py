@@ -37,7 +37,7 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.engine.kv import KVCacheManager, PagedKVManager
+from sloserve.engine.kv import KVCacheManager, KVOp, PagedKVManager
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 _MAX_FAST_STEPS = 1 << 14
@@ -176,6 +176,7 @@ class Instance:
             req.reject(now, reason)
             self._done(req)
             return
+        self.kv.note_class(req.req_id, req.req_class)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -307,6 +308,11 @@ class Instance:
                 "CPU swap capacity",
                 f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
             )
+        if kv.exact_fit:
+            err = kv.dry_run(self._kv_ops(out))
+            if err is not None:
+                raise self._violation("M (KV capacity)", f"the batch does not fit: {err}")
+            return
         decode_ids: list[int] = []
         need = 0
         scheduled_swaps: set[int] = set()
@@ -330,6 +336,23 @@ class Instance:
             raise self._violation(
                 "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"
             )
+
+    @staticmethod
+    def _kv_ops(out: SchedulerOutput) -> list[KVOp]:
+        """The KV operations of ``out`` in the order :meth:`_apply` performs them."""
+        ops: list[KVOp] = [
+            ("swap_out" if m is PreemptionMode.SWAP else "free", r.req_id, 0)
+            for r, m in out.preempt
+        ]
+        ops.extend(("swap_in", r.req_id, 0) for r in out.swap_in)
+        decodes: list[KVOp] = []
+        for r, n in out.batch:
+            if r.num_output_tokens and r.remaining_compute == 1:
+                decodes.append(("grow", r.req_id, 1))
+            else:
+                ops.append(("grow", r.req_id, n))
+        ops.extend(decodes)
+        return ops
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         if out.repeatable and not out.preempt and not out.swap_in:
@@ -399,6 +422,7 @@ class Instance:
                 f"{kv.num_free_blocks} free",
             )
 
+        swap_tokens += kv.take_transfer_tokens()  # lazy checkpoints and restores (BROS)
         cm = self.cost_model
         stats = BatchStats(
             num_prefill_tokens=prefill,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sloserve.core.errors import SloserveError
+from sloserve.core.request import RequestClass
 
 
 class KVInvariantError(SloserveError, AssertionError):
@@ -36,11 +37,36 @@ class CPUSwapTier:
         return self.capacity_blocks - self.used_blocks
 
 
+KVOp = tuple[str, int, int]
+"""One KV operation of an iteration, in the order the instance applies them:
+``("free", req_id, 0)``, ``("swap_out", req_id, 0)``, ``("swap_in", req_id, 0)`` or
+``("grow", req_id, n_tokens)``."""
+
+
 class KVCacheManager(ABC):
     """Tracks which request holds which KV blocks on the GPU, and what is on the CPU."""
 
     block_size: int
     num_blocks: int
+
+    exact_fit: bool = False
+    """True when whether a batch fits depends on the order of its operations (BROS's
+    shared blocks): the instance then validates with :meth:`dry_run` instead of adding up
+    :meth:`blocks_needed`."""
+
+    def dry_run(self, ops: Sequence[KVOp]) -> str | None:
+        """Whether ``ops`` would all succeed, in order, leaving this manager unchanged:
+        None, or what fails. Required when :attr:`exact_fit` is True."""
+        raise NotImplementedError(f"{type(self).__name__} has no dry run")
+
+    def note_class(self, req_id: int, req_class: RequestClass) -> None:  # noqa: B027
+        """The instance tells the manager each arriving request's class (BROS's blocks
+        place RT and BE requests on opposite sides); ignored by default."""
+
+    def take_transfer_tokens(self) -> int:
+        """KV tokens the manager itself moved between GPU and CPU since the last call
+        (BROS's lazy checkpoints and restores), for the instance to price; 0 by default."""
+        return 0
 
     @property
     def capacity_tokens(self) -> int:

@@ -69,7 +69,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -85,6 +85,7 @@ from sloserve.engine.interface import (
     SchedulerOutput,
 )
 from sloserve.engine.kv import KVCacheManager
+from sloserve.engine.kv_bidirectional import BidirectionalKVManager
 
 _INF = math.inf
 _RUNNING = RequestStatus.RUNNING
@@ -201,7 +202,8 @@ def _is_decode(r: Request) -> bool:
 # --------------------------------------------------------------------------- memory
 @dataclass
 class _Plan:
-    """The KV blocks and running slots the decision has used up so far."""
+    """The KV blocks and running slots the decision has used up so far (paged blocks:
+    counting blocks is exact)."""
 
     kv: KVCacheManager
     bs: int
@@ -218,9 +220,12 @@ class _Plan:
             return -(-(r.num_computed_tokens + n) // self.bs)
         return self.kv.blocks_needed(r.req_id, n)
 
-    def fits(self, r: Request, need: int) -> bool:
-        joining = r.status is not _RUNNING
-        return need <= self.free and (not joining or self.n_running < self.max_running)
+    def _slot_ok(self, r: Request) -> bool:
+        return r.status is _RUNNING or self.n_running < self.max_running
+
+    def fits(self, r: Request, need: int, reserve: int = 0) -> bool:
+        """Whether ``r`` fits, leaving ``reserve`` blocks free."""
+        return need + reserve <= self.free and self._slot_ok(r)
 
     def take(self, r: Request, need: int) -> None:
         self.free -= need
@@ -232,16 +237,128 @@ class _Plan:
         if r.status is not _RUNNING:
             self.n_running -= 1
 
-    def evict(self, victim: Request, mode: PreemptionMode) -> None:
+    def _mode(self, victim: Request, mode: PreemptionMode) -> PreemptionMode:
         blocks = self.kv.num_request_blocks(victim.req_id)
         if mode is PreemptionMode.SWAP and blocks > self.cpu_free:
-            mode = PreemptionMode.RECOMPUTE  # the CPU tier is full
+            return PreemptionMode.RECOMPUTE  # the CPU tier is full
+        return mode
+
+    def evict(self, victim: Request, mode: PreemptionMode) -> None:
+        blocks = self.kv.num_request_blocks(victim.req_id)
+        mode = self._mode(victim, mode)
         if mode is PreemptionMode.SWAP:
             self.cpu_free -= blocks
         self.preempt.append((victim, mode))
         self.gone.add(victim.req_id)
         self.free += blocks
         self.n_running -= 1
+
+    def room_after(self, cand: Request, need: int, victims: Sequence[Request]) -> bool:
+        """Whether evicting all ``victims`` would make ``cand`` fit."""
+        room = self.free + sum(self.kv.num_request_blocks(r.req_id) for r in victims)
+        slots = self.n_running + (0 if cand.status is _RUNNING else 1) - len(victims)
+        return need <= room and slots <= self.max_running
+
+    def finalize(
+        self, chosen: list[_Cand], swap_in: list[Request]
+    ) -> tuple[list[_Cand], list[Request]]:
+        """The batch as the instance will apply it (paged: counting was exact)."""
+        return chosen, swap_in
+
+
+class _SharedPlan(_Plan):
+    """Plans on a copy of the bidirectional manager, where what fits depends on which
+    blocks were taken before. Candidates are placed on the copy in the order the policy
+    adds them; :meth:`finalize` replays the final batch in the instance's order and drops
+    what does not fit then (rare: the orders differ only between prefills and decodes)."""
+
+    def __init__(self, kv: BidirectionalKVManager, **kw: Any) -> None:
+        super().__init__(kv=kv, **kw)
+        self.bkv = kv
+        self.sim = kv.clone()
+
+    def need(self, r: Request, n: int) -> int:
+        return n  # tokens: placement, not a block count, decides
+
+    def _fits_sim(self, sim: BidirectionalKVManager, r: Request, n: int) -> bool:
+        rid = r.req_id
+        rt = r.req_class is not RequestClass.BE
+        if r.status is _SWAPPED:
+            return sim.fits(rid, rt, r.num_computed_tokens + n)
+        return sim.fits(rid, rt, n + sim.checkpointed_tokens(rid))
+
+    def fits(self, r: Request, need: int, reserve: int = 0) -> bool:
+        if not self._slot_ok(r) or not self._fits_sim(self.sim, r, need):
+            return False
+        return (
+            reserve == 0
+            or self.sim.num_free_blocks - self.sim.blocks_needed(r.req_id, need) >= reserve
+        )
+
+    def take(self, r: Request, need: int) -> None:
+        if r.status is _SWAPPED:
+            self.sim.swap_in(r.req_id)
+        if self.sim.allocate(r.req_id, need) is None:  # fits() said yes: a bug
+            raise RuntimeError(f"BROS plan: request {r.req_id} does not fit after all")
+        if r.status is not _RUNNING:
+            self.n_running += 1
+
+    def give_back(self, r: Request, need: int) -> None:
+        # The copy keeps the placement (conservative); finalize() replays exactly.
+        if r.status is not _RUNNING:
+            self.n_running -= 1
+
+    def _mode(self, victim: Request, mode: PreemptionMode) -> PreemptionMode:
+        if mode is PreemptionMode.SWAP and not self.sim.can_swap_out(victim.req_id):
+            return PreemptionMode.RECOMPUTE
+        return mode
+
+    def evict(self, victim: Request, mode: PreemptionMode) -> None:
+        mode = self._mode(victim, mode)
+        if mode is PreemptionMode.SWAP:
+            self.cpu_free -= self.kv.num_request_blocks(victim.req_id)
+            self.sim.swap_out(victim.req_id)
+        else:
+            self.sim.free(victim.req_id)
+        self.preempt.append((victim, mode))
+        self.gone.add(victim.req_id)
+        self.n_running -= 1
+
+    def room_after(self, cand: Request, need: int, victims: Sequence[Request]) -> bool:
+        slots = self.n_running + (0 if cand.status is _RUNNING else 1) - len(victims)
+        if slots > self.max_running:
+            return False
+        trial = self.sim.clone()
+        for v in victims:
+            trial.free(v.req_id)  # room-wise, a swap-out frees the same GPU slots
+        return self._fits_sim(trial, cand, need)
+
+    def finalize(
+        self, chosen: list[_Cand], swap_in: list[Request]
+    ) -> tuple[list[_Cand], list[Request]]:
+        chosen = list(chosen)
+        while True:
+            sim = self.bkv.clone()
+            for v, m in self.preempt:
+                if m is PreemptionMode.SWAP:
+                    sim.swap_out(v.req_id)
+                else:
+                    sim.free(v.req_id)
+            bad: _Cand | None = None
+            for c in chosen:
+                if c.req.status is _SWAPPED and sim.swap_in(c.req.req_id) is None:
+                    bad = c
+                    break
+            if bad is None:
+                order = [c for c in chosen if not _is_decode(c.req)]
+                order += [c for c in chosen if _is_decode(c.req)]
+                for c in order:
+                    if sim.allocate(c.req.req_id, c.n) is None:
+                        bad = c
+                        break
+            if bad is None:
+                return chosen, [c.req for c in chosen if c.req.status is _SWAPPED]
+            chosen.remove(bad)
 
 
 # --------------------------------------------------------------------------- policy
@@ -324,8 +441,11 @@ class BROSScheduler(Scheduler):
         return min(limits.max_prefill_tokens, limits.max_batch_tokens, limits.kv_capacity_tokens)
 
     def make_kv(self, limits: Limits, cpu_swap_blocks: int) -> KVCacheManager | None:
-        # Bidirectional blocks come with engine/kv_bidirectional.py; until then: paged.
-        return None
+        if not self.config.bidirectional:
+            return None
+        return BidirectionalKVManager(
+            limits.kv_capacity_tokens // limits.block_size, limits.block_size, cpu_swap_blocks
+        )
 
     # ------------------------------------------------------------------ timing
     def _update_t_avg(self, view: InstanceView) -> float:
@@ -440,13 +560,17 @@ class BROSScheduler(Scheduler):
         lim = view.limits
         t_avg = self._update_t_avg(view)
         kv = view.kv
-        plan = _Plan(
-            kv=kv,
+        plan_kw: dict[str, Any] = dict(
             bs=lim.block_size,
             free=kv.num_free_blocks,
             cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
             n_running=len(view.running),
             max_running=lim.max_running,
+        )
+        plan = (
+            _SharedPlan(kv, **plan_kw)
+            if isinstance(kv, BidirectionalKVManager)
+            else _Plan(kv=kv, **plan_kw)
         )
         rt_iter, rt_others, t_min = self._rt_order(view, now, t_avg)
         d = _Decision(
@@ -469,15 +593,15 @@ class BROSScheduler(Scheduler):
             n = self._size(r, d.budget_c, d.budget_p)
             if n == 0:
                 break
+            swap = r.num_computed_tokens if r.status is _SWAPPED else 0
+            if d.rt_ready and d.cost.time(r, n, swap) > t_min:
+                missed = True
+                break
             need = plan.need(r, n)
             if not plan.fits(r, need) and not self._drop_for(
                 view, plan, r, need, c.residual, d.in_batch, rt_others
             ):
                 break  # FindPreemptBlock failed
-            swap = r.num_computed_tokens if r.status is _SWAPPED else 0
-            if d.rt_ready and d.cost.time(r, n, swap) > t_min:
-                missed = True
-                break
             c.n, c.need, c.swap_tokens = n, need, swap
             d.add(c, d.rt_ready)
 
@@ -490,9 +614,9 @@ class BROSScheduler(Scheduler):
             need = plan.need(r, n) if n else 0
             if (
                 n
-                and plan.fits(r, need + (watermark if r.status is not _RUNNING else 0))
                 and len(d.rt_ready) + len(d.be_ready) < d.b_curr
                 and d.cost.time(r, n, swap) <= t_min
+                and plan.fits(r, need, watermark if r.status is not _RUNNING else 0)
             ):
                 d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
             elif not self._replace(r, d):
@@ -506,12 +630,14 @@ class BROSScheduler(Scheduler):
             cap = cfg.batch_max or lim.max_running
             self.batch_size = max(cfg.batch_base, min(d.b_curr * 2, cap))
 
-        chosen = (*d.rt_ready, *d.be_ready)
+        chosen, swap_in = plan.finalize(
+            [*d.rt_ready, *d.be_ready],
+            [c.req for c in (*d.rt_ready, *d.be_ready) if c.req.status is _SWAPPED],
+        )
         batch = tuple(ScheduledRequest(c.req, c.n) for c in chosen)
-        swap_in = tuple(c.req for c in chosen if c.req.status is _SWAPPED)
         self._last_start = now if batch or plan.preempt else None
         self._iters_seen = len(view.iter_end)
-        return SchedulerOutput(batch, tuple(plan.preempt), swap_in)
+        return SchedulerOutput(batch, tuple(plan.preempt), tuple(swap_in))
 
     def _replace(self, r: Request, d: _Decision) -> bool:
         """Algorithm 1 lines 40-53: swap the least urgent RT request of the batch for BE
@@ -527,9 +653,9 @@ class BROSScheduler(Scheduler):
         need = d.plan.need(r, n) if n else 0
         if (
             n
-            and d.plan.fits(r, need)
             and len(d.rt_ready) + len(d.be_ready) < d.b_curr
             and d.cost.time(r, n, swap) <= d.t_min
+            and d.plan.fits(r, need)
         ):
             d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
             return True
@@ -549,7 +675,6 @@ class BROSScheduler(Scheduler):
         """Progressive dropping (§5.2) to make room for RT request ``cand``: BE requests not
         in the batch (newest first), then less urgent RT requests (most residual first).
         Evicts only when evicting every eligible victim would make room."""
-        kv = plan.kv
         victims: list[Request] = []
         for r in reversed(view.running):
             if (
@@ -570,9 +695,7 @@ class BROSScheduler(Scheduler):
                 and r is not cand
             ):
                 victims.append(r)
-        room = plan.free + sum(kv.num_request_blocks(r.req_id) for r in victims)
-        slots = plan.n_running + (0 if cand.status is _RUNNING else 1) - len(victims)
-        if need > room or slots > plan.max_running:
+        if not victims or not plan.room_after(cand, need, victims):
             return False
         for r in victims:
             if plan.fits(cand, need):

@@ -1,0 +1,505 @@
+"""BROS's bidirectional KV blocks (§5): one block shared by an RT and a BE request.
+
+Layout (§5.1): every block has ``block_size`` slots. Its RT owner fills slots from the
+left, its BE owner from the right; either may be absent. A request may own many blocks;
+its *last* block is the one it grows in.
+
+Allocation (§5.2):
+
+* **BE growth (FindBlock)** uses empty slots only: first the free slots of its last
+  block, then new blocks "according to the maximum number of empty slots": fully free
+  blocks first, then RT-only blocks with the most empty slots (the BE request becomes
+  their right owner). A BE request never overwrites an RT slot.
+* **RT growth (FindPreemptBlock)**: the RT request continues in its last block, where it
+  may also take its BE peer's slots; then takes a free block; then preempts the BE-only
+  block with the most empty slots (it becomes the block's left owner).
+* **Lazy checkpointing**: when RT growth reaches BE slots, exactly the BE slots about to
+  be overwritten are checkpointed to the CPU tier (never the BE request's whole KV), and
+  the block is recorded in the **preemption table** ``{block: (rt, be)}``. Overwriting
+  needs room on the CPU tier; without it those BE slots are not claimable. Transfers
+  count in :meth:`take_transfer_tokens` so that the instance prices them
+  (``cost_model.swap_time``).
+* **Restore**: the next time the BE request grows (is scheduled), its checkpointed slots
+  come back first, placed like BE growth (they need not return to their old slots:
+  positions inside the block table are bookkeeping here), and its preemption-table
+  entries are cleared.
+* **Progressive dropping** (nothing left to preempt) is the policy's job: it evicts
+  whole requests with ``swap_out`` / ``free`` through the ordinary
+  :class:`~sloserve.engine.interface.SchedulerOutput` preemptions.
+
+Choices where the paper is silent:
+
+* A request's class (its side) comes from :meth:`note_class`, which the instance calls on
+  arrival; unknown requests are RT.
+* ``num_tokens`` is a request's whole KV (GPU slots plus checkpointed slots), so that the
+  instance's token accounting is unchanged by lazy checkpoints; ``gpu_tokens`` is the
+  GPU part.
+* The CPU tier counts slots (``cpu_blocks × block_size``); its ``used_blocks`` is the
+  slot total rounded up to blocks.
+* A BE request whose slots in a block are all overwritten leaves that block.
+* Feasibility depends on the order of operations, so the instance checks a batch
+  exactly with :meth:`dry_run` (the same operations on a copy) instead of adding up
+  block counts; policies plan on :meth:`clone`.
+
+Invariants (:meth:`check_invariants`): no slot owned twice (left + right ≤ block size),
+owners and counts agree, the free list holds exactly the ownerless blocks, no KV lost
+(every request's tokens = its GPU slots + its checkpointed slots; swapped requests wholly
+on the CPU) and capacity conserved (the CPU tier's counter equals what it holds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sloserve.core.request import RequestClass
+from sloserve.engine.kv import CPUSwapTier, KVCacheManager, KVInvariantError, KVOp
+
+_NONE = -1
+
+
+class BidirectionalKVManager(KVCacheManager):
+    """Blocks shared by one RT request (from the left) and one BE request (from the right)."""
+
+    exact_fit = True
+
+    def __init__(self, num_blocks: int, block_size: int = 16, cpu_blocks: int = 0) -> None:
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if num_blocks < 1:
+            raise ValueError("the KV cache needs at least one block")
+        if cpu_blocks < 0:
+            raise ValueError("CPU swap capacity must be >= 0 blocks")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.left = [_NONE] * num_blocks
+        """RT owner of each block (or -1)."""
+        self.lcount = [0] * num_blocks
+        self.right = [_NONE] * num_blocks
+        """BE owner of each block (or -1)."""
+        self.rcount = [0] * num_blocks
+        """GPU-resident slots of the BE owner."""
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._free_set = [True] * num_blocks
+        # One-sided blocks by empty slots, insertion-ordered (deterministic picks).
+        self._be_only: list[dict[int, None]] = [{} for _ in range(block_size + 1)]
+        self._rt_only: list[dict[int, None]] = [{} for _ in range(block_size + 1)]
+        self._tables: dict[int, list[int]] = {}
+        self._tokens: dict[int, int] = {}
+        """Whole KV of each request with GPU blocks or checkpoints (GPU + CPU slots)."""
+        self._ckpt: dict[int, int] = {}
+        """Checkpointed (CPU) slots of partially preempted BE requests."""
+        self._swapped: dict[int, int] = {}
+        """Tokens of wholly swapped-out requests."""
+        self._is_rt: dict[int, bool] = {}
+        self.preemption_table: dict[int, tuple[int, int]] = {}
+        """Blocks where an RT request overwrote BE slots: block -> (rt, be)."""
+        self.cpu = CPUSwapTier(cpu_blocks)
+        self._cpu_slots = 0
+        self._transfer = 0
+        self.checkpointed_total = 0
+        """Slots ever checkpointed lazily (for reports)."""
+
+    # ------------------------------------------------------------------ copies
+    def clone(self) -> BidirectionalKVManager:
+        """An independent copy (policies plan on it; :meth:`dry_run` checks on it)."""
+        c = object.__new__(BidirectionalKVManager)
+        c.block_size = self.block_size
+        c.num_blocks = self.num_blocks
+        c.left = self.left.copy()
+        c.lcount = self.lcount.copy()
+        c.right = self.right.copy()
+        c.rcount = self.rcount.copy()
+        c._free = self._free.copy()
+        c._free_set = self._free_set.copy()
+        c._be_only = [d.copy() for d in self._be_only]
+        c._rt_only = [d.copy() for d in self._rt_only]
+        c._tables = {k: v.copy() for k, v in self._tables.items()}
+        c._tokens = self._tokens.copy()
+        c._ckpt = self._ckpt.copy()
+        c._swapped = self._swapped.copy()
+        c._is_rt = self._is_rt.copy()
+        c.preemption_table = self.preemption_table.copy()
+        c.cpu = CPUSwapTier(self.cpu.capacity_blocks)
+        c.cpu.used_blocks = self.cpu.used_blocks
+        c._cpu_slots = self._cpu_slots
+        c._transfer = self._transfer
+        c.checkpointed_total = self.checkpointed_total
+        return c
+
+    def dry_run(self, ops: Sequence[KVOp]) -> str | None:
+        trial = self.clone()
+        for i, (op, rid, n) in enumerate(ops):
+            err = trial.apply_op(op, rid, n)
+            if err:
+                return f"operation {i} ({op} request {rid}): {err}"
+        return None
+
+    def apply_op(self, op: str, rid: int, n: int) -> str | None:
+        """Apply one :data:`~sloserve.engine.kv.KVOp`; an error message, or None."""
+        if op == "free":
+            self.free(rid)
+        elif op == "swap_out":
+            if not self.can_swap_out(rid):
+                return "the CPU swap tier is full"
+            self.swap_out(rid)
+        elif op == "swap_in":
+            if self.swap_in(rid) is None:
+                return "no room to swap it back in"
+        elif op == "grow":
+            if self.allocate(rid, n) is None:
+                return f"no room for {n} more tokens"
+        else:
+            raise ValueError(f"unknown KV operation {op!r}")
+        return None
+
+    # ------------------------------------------------------------------ queries
+    def note_class(self, req_id: int, req_class: RequestClass) -> None:
+        self._is_rt[req_id] = req_class is not RequestClass.BE
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def num_tokens(self, req_id: int) -> int:
+        return self._tokens.get(req_id, 0)
+
+    def gpu_tokens(self, req_id: int) -> int:
+        return self._tokens.get(req_id, 0) - self._ckpt.get(req_id, 0)
+
+    def checkpointed_tokens(self, req_id: int) -> int:
+        """KV slots of the request checkpointed to the CPU (0 for RT requests)."""
+        return self._ckpt.get(req_id, 0)
+
+    def checkpointed_blocks(self, req_id: int) -> int:
+        """M_j^cpu: the request's checkpointed slots in blocks (whole swap-outs count
+        all their blocks), what bringing it back costs."""
+        if req_id in self._swapped:
+            return -(-self._swapped[req_id] // self.block_size)
+        return -(-self._ckpt.get(req_id, 0) // self.block_size)
+
+    def num_request_blocks(self, req_id: int) -> int:
+        table = self._tables.get(req_id)
+        return len(table) if table is not None else 0
+
+    def _room_last(self, rid: int, rt: bool, cpu_room: int) -> int:
+        """Slots the request can take in its last block without a new block."""
+        table = self._tables.get(rid)
+        if not table:
+            return 0
+        b = table[-1]
+        bs = self.block_size
+        if rt:
+            return bs - self.lcount[b] - max(0, self.rcount[b] - cpu_room)
+        return bs - self.lcount[b] - self.rcount[b]
+
+    def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
+        """Fully free blocks the request would take (an upper bound: RT requests may
+        preempt BE blocks, BE requests may share RT blocks instead)."""
+        rt = self._is_rt.get(req_id, True)
+        need = n_new_tokens + self._ckpt.get(req_id, 0)
+        more = need - self._room_last(req_id, rt, self._cpu_room())
+        return max(0, -(-more // self.block_size))
+
+    def swap_in_blocks_needed(self, req_id: int) -> int:
+        return -(-self._swapped[req_id] // self.block_size)
+
+    def can_swap_out(self, req_id: int) -> bool:
+        return self.gpu_tokens(req_id) <= self._cpu_room()
+
+    def take_transfer_tokens(self) -> int:
+        t, self._transfer = self._transfer, 0
+        return t
+
+    def _cpu_room(self) -> int:
+        return self.cpu.capacity_blocks * self.block_size - self._cpu_slots
+
+    def _cpu_add(self, slots: int) -> None:
+        self._cpu_slots += slots
+        self.cpu.used_blocks = -(-self._cpu_slots // self.block_size)
+
+    # ------------------------------------------------------------------ block bookkeeping
+    def _unindex(self, b: int) -> None:
+        """Remove block ``b`` from the free list / one-sided indexes before changing it."""
+        left, right = self.left[b], self.right[b]
+        if left == _NONE and right == _NONE:
+            if self._free_set[b]:
+                self._free_set[b] = False
+                self._free.remove(b) if self._free[-1] != b else self._free.pop()
+        elif left == _NONE:
+            del self._be_only[self.block_size - self.rcount[b]][b]
+        elif right == _NONE:
+            del self._rt_only[self.block_size - self.lcount[b]][b]
+
+    def _index(self, b: int) -> None:
+        left, right = self.left[b], self.right[b]
+        if left == _NONE and right == _NONE:
+            self._free_set[b] = True
+            self._free.append(b)
+        elif left == _NONE:
+            self._be_only[self.block_size - self.rcount[b]][b] = None
+        elif right == _NONE:
+            self._rt_only[self.block_size - self.lcount[b]][b] = None
+
+    def _pick_free(self) -> int:
+        b = self._free.pop()
+        self._free_set[b] = False
+        return b
+
+    @staticmethod
+    def _pick_most_empty(index: list[dict[int, None]]) -> int:
+        for e in range(len(index) - 1, 0, -1):
+            bucket = index[e]
+            if bucket:
+                return next(iter(bucket))
+        return _NONE
+
+    def _overwrite(self, b: int, k: int) -> None:
+        """Checkpoint ``k`` BE slots of block ``b`` (lazy checkpointing)."""
+        be = self.right[b]
+        self.rcount[b] -= k
+        self._ckpt[be] = self._ckpt.get(be, 0) + k
+        self._cpu_add(k)
+        self._transfer += k
+        self.checkpointed_total += k
+        self.preemption_table[b] = (self.left[b], be)
+        if self.rcount[b] == 0:
+            self.right[b] = _NONE
+            self._tables[be].remove(b)
+
+    # ------------------------------------------------------------------ growth
+    def fits(self, req_id: int, rt: bool, k: int) -> bool:
+        """Whether the request (on side ``rt``) can place ``k`` more slots now."""
+        return self._capacity(req_id, rt, k)
+
+    def _capacity(self, rid: int, rt: bool, k: int) -> bool:
+        """Whether ``k`` more slots fit (same rules as :meth:`_grow`, without changes)."""
+        cpu = self._cpu_room()
+        bs = self.block_size
+        room = self._room_last(rid, rt, cpu)
+        if room >= k:
+            return True
+        if rt:
+            table = self._tables.get(rid)
+            if table:  # the last block was used up, overwriting what the CPU could take
+                cpu -= min(self.rcount[table[-1]], max(0, cpu))
+            room += len(self._free) * bs
+            if room >= k:
+                return True
+            # BE-only blocks, most empty first; each may also be overwritten (CPU room).
+            for e in range(bs, 0, -1):
+                for _b in self._be_only[e]:
+                    take = e + min(bs - e, max(0, cpu))
+                    cpu -= take - e
+                    room += take
+                    if room >= k:
+                        return True
+            for _b in self._be_only[0]:
+                take = min(bs, max(0, cpu))
+                cpu -= take
+                room += take
+                if room >= k:
+                    return True
+            return False
+        room += len(self._free) * bs
+        if room >= k:
+            return True
+        for e in range(bs, 0, -1):
+            room += e * len(self._rt_only[e])
+            if room >= k:
+                return True
+        return False
+
+    def _grow(self, rid: int, rt: bool, k: int) -> None:
+        """Place ``k`` slots for the request (the caller checked :meth:`_capacity`)."""
+        bs = self.block_size
+        table = self._tables.setdefault(rid, [])
+        while k > 0:
+            if table:
+                b = table[-1]
+                if rt:
+                    empty = bs - self.lcount[b] - self.rcount[b]
+                    over = max(0, min(k - empty, self.rcount[b], self._cpu_room()))
+                    take = min(k, empty + over)
+                    if take > 0:
+                        self._unindex(b)
+                        if take > empty:
+                            self._overwrite(b, take - empty)
+                        self.lcount[b] += take
+                        self._index(b)
+                        k -= take
+                        if k == 0:
+                            return
+                else:
+                    take = min(k, bs - self.lcount[b] - self.rcount[b])
+                    if take > 0:
+                        self._unindex(b)
+                        self.rcount[b] += take
+                        self._index(b)
+                        k -= take
+                        if k == 0:
+                            return
+            # a new block
+            if self._free:
+                b = self._pick_free()
+            else:
+                b = self._pick_most_empty(self._be_only if rt else self._rt_only)
+                if b == _NONE and rt and self._be_only[0] and self._cpu_room() > 0:
+                    b = next(iter(self._be_only[0]))
+                if b == _NONE:  # _capacity said it fits: a bug
+                    raise KVInvariantError(f"request {rid}: no block for {k} more slots")
+                self._unindex(b)
+            if rt:
+                self.left[b] = rid
+            else:
+                self.right[b] = rid
+            table.append(b)
+            self._index(b)
+
+    def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
+        if req_id in self._swapped:
+            raise KVInvariantError(f"request {req_id} is swapped out: swap it in first")
+        rt = self._is_rt.get(req_id, True)
+        restore = self._ckpt.get(req_id, 0)
+        k = n_new_tokens + restore
+        if not self._capacity(req_id, rt, k):
+            return None
+        before = len(self._tables.get(req_id, ()))
+        if restore:
+            # The checkpointed slots come back first; they are placed like new growth.
+            del self._ckpt[req_id]
+            self._cpu_add(-restore)
+            self._transfer += restore
+            self._forget_preemptions(req_id)
+        self._grow(req_id, rt, k)
+        self._tokens[req_id] = self._tokens.get(req_id, 0) + n_new_tokens
+        return self._tables[req_id][before:]
+
+    def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
+        ops = [("grow", r, n_new_tokens) for r in req_ids]
+        if self.dry_run(ops) is not None:
+            return False
+        for r in req_ids:
+            self.allocate(r, n_new_tokens)
+        return True
+
+    def decode_blocks_needed(self, req_ids: Sequence[int]) -> int:
+        return sum(self.blocks_needed(r, 1) for r in req_ids)
+
+    # ------------------------------------------------------------------ release
+    def _release_gpu(self, rid: int) -> int:
+        """Drop the request's GPU slots; the number of slots released."""
+        table = self._tables.pop(rid, None)
+        if not table:
+            return 0
+        slots = 0
+        rt = self._is_rt.get(rid, True)
+        for b in table:
+            self._unindex(b)
+            if rt:
+                slots += self.lcount[b]
+                self.left[b] = _NONE
+                self.lcount[b] = 0
+            else:
+                slots += self.rcount[b]
+                self.right[b] = _NONE
+                self.rcount[b] = 0
+            self._index(b)
+        return slots
+
+    def _forget_preemptions(self, rid: int) -> None:
+        if self.preemption_table:
+            self.preemption_table = {b: p for b, p in self.preemption_table.items() if rid not in p}
+
+    def free(self, req_id: int) -> int:
+        blocks = self.num_request_blocks(req_id)
+        self._release_gpu(req_id)
+        self._forget_preemptions(req_id)
+        self._tokens.pop(req_id, None)
+        ck = self._ckpt.pop(req_id, 0)
+        if ck:
+            self._cpu_add(-ck)
+        return blocks
+
+    def swap_out(self, req_id: int) -> int:
+        gpu = self.gpu_tokens(req_id)
+        if gpu > self._cpu_room():
+            raise KVInvariantError(f"request {req_id}: CPU swap tier is full")
+        total = self._tokens.pop(req_id, 0)
+        self._release_gpu(req_id)
+        self._forget_preemptions(req_id)
+        self._ckpt.pop(req_id, None)  # its checkpointed slots stay on the CPU, now counted here
+        self._cpu_add(gpu)
+        self._swapped[req_id] = total
+        return gpu
+
+    def swap_in(self, req_id: int) -> int | None:
+        tokens = self._swapped[req_id]
+        rt = self._is_rt.get(req_id, True)
+        if not self._capacity(req_id, rt, tokens):
+            return None
+        del self._swapped[req_id]
+        self._cpu_add(-tokens)
+        self._grow(req_id, rt, tokens)
+        self._tokens[req_id] = tokens
+        return tokens
+
+    def drop_swapped(self, req_id: int) -> None:
+        tokens = self._swapped.pop(req_id, None)
+        if tokens is not None:
+            self._cpu_add(-tokens)
+
+    # ------------------------------------------------------------------ invariants
+    def check_invariants(self) -> None:
+        bs = self.block_size
+        gpu: dict[int, int] = {}
+        for b in range(self.num_blocks):
+            left, right, lc, rc = self.left[b], self.right[b], self.lcount[b], self.rcount[b]
+            if lc < 0 or rc < 0 or lc + rc > bs:
+                raise KVInvariantError(
+                    f"block {b}: {lc} RT + {rc} BE slots > {bs} (slot owned twice)"
+                )
+            if (left == _NONE) != (lc == 0) or (right == _NONE) != (rc == 0):
+                raise KVInvariantError(f"block {b}: owners {left}/{right} with counts {lc}/{rc}")
+            ownerless = left == _NONE and right == _NONE
+            if ownerless != self._free_set[b]:
+                raise KVInvariantError(f"block {b}: free flag disagrees with its owners")
+            if left != _NONE and right == _NONE and b not in self._rt_only[bs - lc]:
+                raise KVInvariantError(f"block {b}: missing from the RT-only index")
+            if right != _NONE and left == _NONE and b not in self._be_only[bs - rc]:
+                raise KVInvariantError(f"block {b}: missing from the BE-only index")
+            for owner, count in ((left, lc), (right, rc)):
+                if owner != _NONE:
+                    if b not in self._tables.get(owner, ()):
+                        raise KVInvariantError(f"block {b}: not in request {owner}'s table")
+                    gpu[owner] = gpu.get(owner, 0) + count
+        if len(self._free) != len(set(self._free)) or sorted(self._free) != [
+            b for b in range(self.num_blocks) if self._free_set[b]
+        ]:
+            raise KVInvariantError("the free list disagrees with the ownerless blocks")
+        if sum(len(d) for d in self._be_only) + sum(len(d) for d in self._rt_only) != sum(
+            1 for b in range(self.num_blocks) if (self.left[b] == _NONE) != (self.right[b] == _NONE)
+        ):
+            raise KVInvariantError("stale entries in the one-sided block indexes")
+        for rid, table in self._tables.items():
+            rt = self._is_rt.get(rid, True)
+            side = self.left if rt else self.right
+            if len(set(table)) != len(table) or any(side[b] != rid for b in table):
+                raise KVInvariantError(f"request {rid}: block table {table} disagrees with owners")
+        for rid, tokens in self._tokens.items():
+            if gpu.get(rid, 0) + self._ckpt.get(rid, 0) != tokens:
+                raise KVInvariantError(
+                    f"request {rid}: {tokens} tokens but {gpu.get(rid, 0)} on the GPU and "
+                    f"{self._ckpt.get(rid, 0)} checkpointed (KV lost)"
+                )
+        if set(gpu) - set(self._tokens):
+            raise KVInvariantError(f"requests {sorted(set(gpu) - set(self._tokens))} untracked")
+        if self._swapped.keys() & (self._tokens.keys() | self._tables.keys()):
+            raise KVInvariantError("a request is both swapped out and on the GPU")
+        cpu = sum(self._ckpt.values()) + sum(self._swapped.values())
+        if cpu != self._cpu_slots or cpu > self.cpu.capacity_blocks * bs:
+            raise KVInvariantError(f"CPU tier holds {cpu} slots, counter says {self._cpu_slots}")
+        if self.cpu.used_blocks != -(-cpu // bs):
+            raise KVInvariantError("the CPU tier's block counter is stale")
+        for b, (rt_id, be_id) in self.preemption_table.items():
+            if self.left[b] != rt_id or be_id not in self._ckpt:
+                raise KVInvariantError(f"preemption table entry {b}: {(rt_id, be_id)} is stale")
