@@ -44,23 +44,28 @@ def test_tiny_grid_writes_every_experiment_and_the_headline(tmp_path: Path) -> N
         ablation_scenarios=(SMALL,),
         overhead_queued=(100,),
         overhead_iterations=10,
+        be_batch_sizes=(8, 24),
+        be_batch_policies=("bros", "vllm"),
     )
     seen: list[tuple[int, int]] = []
     reproduce(plan, tmp_path / "b", workers=1, progress=lambda d, n: seen.append((d, n)))
-    total = 4 + 3 + 2 + 2  # hybrid, micro, ablation runs; overhead for bros and vllm
+    total = 4 + 3 + 2 + 4 + 2  # hybrid, micro, ablation, be_batch runs; overhead bros, vllm
     assert seen[-1] == (total, total) and len(seen) == total
     res = pd.read_parquet(tmp_path / "b" / "results.parquet")
-    assert len(res) == 9
+    assert len(res) == 13
     assert set(res[res["experiment"] == "hybrid"]["policy"]) == {"bros", "vllm", "rr", "sarathi"}
     assert set(res[res["experiment"] == "ablation"]["policy"]) == {"bros", "bros-nobicache"}
     micro = res[res["experiment"] == "micro"]
     assert (micro["be_requests"] == 0).all() and micro["be_throughput_rps"].isna().all()
     hybrid = res[res["experiment"] == "hybrid"]
     assert (hybrid["be_requests"] > 0).all() and (hybrid["rt_requests"] > 0).all()
-    for name in ("hybrid", "micro", "ablation", "overhead"):
+    bb = res[res["experiment"] == "be_batch"]
+    assert sorted(bb["be_batch_size"]) == [8, 8, 24, 24]
+    for name in ("hybrid", "micro", "ablation", "be_batch", "overhead"):
         assert (tmp_path / "b" / f"{name}.png").stat().st_size > 0
     head = json.loads((tmp_path / "b" / "headline.json").read_text())
     assert head["paper"] == PAPER
+    assert {r["be_batch_size"] for r in head["be_batch_sensitivity"]} == {8, 24}
     for key in (
         "sharegpt.norm_latency_reduction_vs_vllm",
         "sharegpt.be_throughput_loss_vs_rr",
@@ -121,6 +126,8 @@ def test_full_plan_covers_the_papers_grid() -> None:
     assert {r.policy for r in runs if r.experiment == "ablation"} == {"bros", "bros-nobicache"}
     assert all(r.be_batch_size is None for r in runs if r.experiment == "micro")
     assert {r.rate for r in hybrid} == {2.0 * x for x in plan.loads}
+    sizes = {r.be_batch_size for r in runs if r.experiment == "be_batch"}
+    assert sizes == set(plan.be_batch_sizes) and plan.be_batch_size in sizes
     only = plan.with_policies(["vllm"])
     assert only.policies() == ["vllm"] and only.ablation_policies == ()
 

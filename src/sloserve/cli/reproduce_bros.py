@@ -102,6 +102,7 @@ def reproduce_bros(
         PAPER,
         Plan,
         Scenario,
+        be_batch_table,
         reproduce,
         summary_table,
     )
@@ -147,6 +148,9 @@ def reproduce_bros(
             part = part.droplevel("experiment").dropna(axis=1, how="all")
             console.print(f"[bold]{exp}[/bold] (mean over RT rates)")
             console.print(part.to_string(), highlight=False)
+    if (rep.results["experiment"] == "be_batch").any():
+        console.print("[bold]be_batch[/bold] (sensitivity to the BE batch size, ours)")
+        console.print(be_batch_table(rep.results).to_string(), highlight=False)
     if len(rep.overhead):
         cols = ["policy", "queued", "schedule_ms_mean", "iteration_ms_mean", "overhead_fraction"]
         console.print(rep.overhead[cols].round(4).to_string(index=False), highlight=False)

@@ -14,6 +14,9 @@ Experiments, each a grid of runs (one policy on one replica over one workload):
 * ``ablation`` (§7.4.1, Figure 13): ``bros`` against ``bros-nobicache`` (no bidirectional
   KV blocks; a request that cannot get blocks is recomputed) on the hybrid workload at one
   rate.
+* ``be_batch`` (ours, not in the paper): ``bros``, ``vllm`` and ``rr`` on the first
+  scenario at one RT rate for several BE batch sizes, since the paper does not give the
+  size and the gaps to vLLM depend on it more than on anything else.
 * ``overhead`` (§7.4.2, Figure 14): wall-clock time spent inside the policy's
   ``schedule()`` per iteration, against the simulated duration of that iteration, with 100
   and 1,000 requests queued (half RT, half one BE batch, all at t = 0).
@@ -28,8 +31,11 @@ Choices where the paper is vague (each is a field of :class:`Plan`):
   15 req/s). We set them as fractions (``loads``) of the replica's RT capacity, measured,
   not assumed: the RT requests/s vLLM completes when ``capacity_n`` RT requests are queued
   at once.
-* **BE batches.** The paper does not give the batch size; ``be_batch_size`` (256) makes a
-  batch a deep queue, which is what a Batch-API job is, and no gap between batches.
+* **BE batches.** The paper does not give the batch size. A Batch-API job holds
+  thousands of requests; ``be_batch_size`` (1,024) is deep enough that the BE queue does
+  not run dry within a batch on our profiles (with 256, vLLM's FCFS queue empties between
+  batches and RT requests slip through). No gap between batches. The ``be_batch``
+  experiment shows the sensitivity.
 * **BE throughput** is the number of BE requests finished within the arrival window over
   the finish time of the last of them (``be_throughput_window_rps`` divides by the window
   instead). The run then drains, so that every RT request's latency is counted; BE
@@ -114,6 +120,7 @@ HYBRID_POLICIES = ("bros", "vllm", "rr", "sarathi")
 MICRO_POLICIES = ("bros", "vllm", "sarathi")
 ABLATION_POLICIES = ("bros", "bros-nobicache")
 OVERHEAD_POLICIES = ("bros", "vllm")
+BE_BATCH_POLICIES = ("bros", "vllm", "rr")
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class Plan:
     """RT Poisson rates as fractions of the replica's measured RT capacity."""
     duration_s: float
     """Arrival window of RT requests and BE batches (the paper: 10-minute traces)."""
-    be_batch_size: int = 256
+    be_batch_size: int = 1024
     hybrid_policies: tuple[str, ...] = HYBRID_POLICIES
     micro_policies: tuple[str, ...] = MICRO_POLICIES
     micro_loads: tuple[float, ...] = ()
@@ -148,6 +155,10 @@ class Plan:
     """Where the ablation runs: a replica whose KV memory the BE batches fill (the paper:
     OPT-30B on 4 GPUs at 10 req/s); on a roomy one both variants never preempt and agree."""
     overhead_policies: tuple[str, ...] = OVERHEAD_POLICIES
+    be_batch_sizes: tuple[int, ...] = ()
+    """BE batch sizes of the ``be_batch`` sensitivity runs (empty: none)."""
+    be_batch_policies: tuple[str, ...] = BE_BATCH_POLICIES
+    be_batch_load: float = 0.3
     overhead_queued: tuple[int, ...] = (100, 1000)
     overhead_iterations: int = 200
     overhead_profile: str = "llama-2-7b-a100"
@@ -169,6 +180,8 @@ class Plan:
             loads=(0.15, 0.3, 0.45),
             duration_s=45.0,
             micro_loads=(0.6,),
+            be_batch_sizes=(64, 256, 1024),
+            be_batch_policies=("bros", "vllm"),
             ablation_load=0.3,
             ablation_scenarios=(Scenario("llama-2-70b-a100x2", "sharegpt"),),
             overhead_iterations=100,
@@ -189,6 +202,7 @@ class Plan:
             loads=(0.1, 0.2, 0.3, 0.4, 0.5),
             duration_s=600.0,
             micro_loads=(0.2, 0.4, 0.6, 0.8, 1.0),
+            be_batch_sizes=(64, 256, 1024, 4096),
             ablation_load=0.3,
             ablation_scenarios=(
                 Scenario("llama-2-70b-a100x2", "sharegpt"),
@@ -211,6 +225,7 @@ class Plan:
             micro_policies=f(self.micro_policies),
             ablation_policies=f(self.ablation_policies),
             overhead_policies=f(self.overhead_policies),
+            be_batch_policies=f(self.be_batch_policies),
         )
 
     def policies(self) -> list[str]:
@@ -220,6 +235,7 @@ class Plan:
             self.micro_policies,
             self.ablation_policies,
             self.overhead_policies,
+            self.be_batch_policies,
         ):
             seen.update(dict.fromkeys(ps))
         return list(seen)
@@ -300,6 +316,15 @@ def plan_runs(plan: Plan, capacity: dict[Scenario, float]) -> list[Run]:
         for pol in plan.micro_policies:
             for load in plan.micro_loads:
                 add("micro", pol, load, None)
+    if plan.be_batch_sizes and plan.scenarios:
+        sc = plan.scenarios[0]
+        for pol in plan.be_batch_policies:
+            for size in plan.be_batch_sizes:
+                load = plan.be_batch_load
+                runs.append(
+                    Run("be_batch", sc, pol, load, capacity[sc] * load, plan.duration_s,
+                        size, plan.seed, plan.max_running, plan.block_size)
+                )  # fmt: skip
     if plan.ablation_load is not None:
         for sc in plan.ablation_scenarios:
             for pol in plan.ablation_policies:
@@ -323,7 +348,8 @@ class RunFailed(SloserveError):
 
 
 def _describe(run: Run) -> str:
-    return f"{run.experiment} {run.scenario.key} {run.policy} at load {run.load:g}"
+    size = f" with BE batches of {run.be_batch_size}" if run.experiment == "be_batch" else ""
+    return f"{run.experiment} {run.scenario.key} {run.policy} at load {run.load:g}{size}"
 
 
 def execute(run: Run) -> dict[str, Any]:
@@ -333,6 +359,10 @@ def execute(run: Run) -> dict[str, Any]:
         res = simulate(run.config())
     except SloserveError as e:
         raise RunFailed(f"{_describe(run)}: {type(e).__name__}: {e}") from None
+    except Exception as e:
+        # a bug, not a user error: keep the traceback, but say which run hit it
+        e.add_note(f"in run: {_describe(run)}")
+        raise
     tb = res.table
     rt = tb[tb["class"] == "rt"]
     be = tb[tb["class"] == "be"]
@@ -348,6 +378,7 @@ def execute(run: Run) -> dict[str, Any]:
         "policy": run.policy,
         "load": run.load,
         "rt_rate": run.rate,
+        "be_batch_size": run.be_batch_size if has_be else math.nan,
         "rt_requests": len(rt),
         "rt_finished": len(rt_done),
         "rt_norm_latency_s": _mean(rt_done["normalized_latency_s"]),
@@ -377,10 +408,12 @@ def execute(run: Run) -> dict[str, Any]:
 
 
 def execute_keep_going(run: Run) -> dict[str, Any]:
-    """:func:`execute`, but a failed run becomes a row with its ``error`` (metrics NaN)."""
+    """:func:`execute`, but a failed run becomes a row with its ``error`` (metrics NaN);
+    unexpected exceptions (policy bugs) too, so that a long grid survives one of them."""
     try:
         return execute(run)
-    except RunFailed as e:
+    except Exception as e:
+        msg = str(e) if isinstance(e, RunFailed) else f"{_describe(run)}: {type(e).__name__}: {e}"
         return {
             "experiment": run.experiment,
             "profile": run.scenario.profile,
@@ -388,7 +421,7 @@ def execute_keep_going(run: Run) -> dict[str, Any]:
             "policy": run.policy,
             "load": run.load,
             "rt_rate": run.rate,
-            "error": str(e),
+            "error": msg,
         }
 
 
@@ -566,6 +599,9 @@ def headline(results: pd.DataFrame, overhead: pd.DataFrame | None = None) -> dic
             ours[f"ablation.{what}_attainment_ratio"] = _ratio(
                 float(col["bros"]), float(col["bros-nobicache"])
             )
+    bb = results[results["experiment"] == "be_batch"]
+    if len(bb):
+        out["be_batch_sensitivity"] = be_batch_table(bb).reset_index().to_dict(orient="records")
     if overhead is not None and len(overhead):
         o = overhead[overhead["policy"] == "bros"]
         if len(o):
@@ -780,6 +816,22 @@ def plot(results: pd.DataFrame, overhead: pd.DataFrame, out_dir: Path) -> None:
         fig.tight_layout()
         fig.savefig(out_dir / f"{exp}.png", dpi=100)
         plt.close(fig)
+    bb = results[results["experiment"] == "be_batch"] if len(results) else results
+    if len(bb):
+        fig, axes = plt.subplots(1, 4, figsize=(15, 3.2), squeeze=False)
+        for ax, (col, label) in zip(axes[0], _HYBRID_PANELS, strict=True):
+            for pol, line in bb.groupby("policy"):
+                line = line.sort_values("be_batch_size")
+                ax.plot(line["be_batch_size"], line[col], marker="o", label=str(pol))
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("BE batch size (requests)")
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.suptitle(f"{bb['profile'].iloc[0]} / {bb['mix'].iloc[0]}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out_dir / "be_batch.png", dpi=100)
+        plt.close(fig)
     abl = results[results["experiment"] == "ablation"] if len(results) else results
     if len(abl):
         m = abl.groupby("policy")[["rt_ttft_attainment", "rt_tpot_attainment"]].mean()
@@ -815,7 +867,18 @@ SHORT_NAMES = {
 
 
 def summary_table(results: pd.DataFrame) -> pd.DataFrame:
-    """Per experiment, scenario and policy: the reported metrics averaged over rates."""
+    """Per experiment, scenario and policy: the reported metrics averaged over rates
+    (the ``be_batch`` sensitivity runs are in :func:`be_batch_table`)."""
     cols = list(SHORT_NAMES)
-    t = results.groupby(["experiment", "profile", "mix", "policy"])[cols].mean().round(3)
+    r = results[results["experiment"] != "be_batch"]
+    t = r.groupby(["experiment", "profile", "mix", "policy"])[cols].mean().round(3)
+    return t.rename(columns=SHORT_NAMES)
+
+
+def be_batch_table(results: pd.DataFrame) -> pd.DataFrame:
+    """The ``be_batch`` runs: per BE batch size and policy, the hybrid metrics."""
+    r = results[results["experiment"] == "be_batch"]
+    r = r.assign(be_batch_size=r["be_batch_size"].astype(int))
+    cols = ["rt_norm_latency_s", "rt_ttft_attainment", "rt_tpot_attainment", "be_throughput_rps"]
+    t = r.groupby(["be_batch_size", "policy"])[cols].mean().round(3)
     return t.rename(columns=SHORT_NAMES)
