@@ -642,3 +642,46 @@ def test_gateway_metrics_show_upstreams(fakes: Any) -> None:
     assert f'sloserve_replica_kv_usage{{replica="{u1}"}} 0.5' in text
     assert f'sloserve_replica_healthy{{replica="{u2}"}} 0.0' in text
     assert health.status_code == 200
+
+
+def test_stop_drains_in_flight_streams_and_refuses_new_ones(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.tokens, f1.delay = 6, 0.05
+
+    async def scenario(drain_s: float) -> tuple[Any, Any]:
+        b = OpenAIUpstreamBackend(UpstreamConfig(upstreams=(u1,), health_interval_s=0))
+        await b.start()
+        running = asyncio.create_task(collect(b, greq()))
+        await asyncio.sleep(0.1)
+        stopping = asyncio.create_task(b.stop(drain_s))
+        await asyncio.sleep(0)
+        with pytest.raises(ServeError) as e:
+            await collect(b, greq())
+        await stopping
+        try:
+            return await running, e.value
+        except ServeError as err:
+            return err, e.value
+
+    done, refused = asyncio.run(scenario(5.0))
+    assert (refused.status, refused.reason) == (503, "shutdown")
+    assert sum(c.num_tokens for c in done) == 6  # drained: finished normally
+    cut, _ = asyncio.run(scenario(0.05))
+    assert isinstance(cut, ServeError) and cut.reason == "upstream_error"  # ended, not hung
+
+
+def test_slo_aware_routing_uses_the_cost_model_per_request() -> None:
+    b = offline_backend(
+        upstreams=("http://127.0.0.1:9", "http://127.0.0.1:10"),
+        router="slo-aware",
+        profile="llama-2-7b-a100",
+        max_concurrency=8,
+    )
+    b._ups[0].queued_prompt_tokens = 8000  # a long prefill queued there
+    b._ups[1].in_flight = 6  # busy decoding, but no prefill ahead
+    assert b._pick(greq(prompt=500)) == 1
+    states = b.replicas()
+    assert states[0].predicted_ttft_s is not None and states[1].predicted_ttft_s is not None
+    assert states[0].predicted_ttft_s > states[1].predicted_ttft_s
+    b._ups[1].in_flight = 8  # full: the only one with a slot wins whatever its TTFT
+    assert b._pick(greq(prompt=500)) == 0

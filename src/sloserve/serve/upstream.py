@@ -453,6 +453,11 @@ class OpenAIUpstreamBackend(Backend):
             dataclasses.replace(
                 self._state(u),
                 healthy=self._available(i) and not (healthy_other and i in avoid),
+                # This request's own prefill counts too (the SLO filter compares with its
+                # TTFT target).
+                predicted_ttft_s=(
+                    self._predict_ttft(u, req.prompt_tokens) if self._cost is not None else None
+                ),
             )
             for i, u in enumerate(self._ups)
         ]
