@@ -27,7 +27,7 @@ from sloserve.optimal.schedule import (
 )
 
 CM = load_profile("llama-2-7b-a100").cost_model()
-FAST = {"workers": 2, "time_limit_s": 20.0, "warm_start": ()}
+FAST = {"workers": 1, "time_limit_s": 20.0, "warm_start": ()}
 
 TINY = {
     "two-evict": ([Job(0, 3, 2), Job(1, 3, 2)], Limits(4096, 4096, 6, 8, 1)),
@@ -118,7 +118,7 @@ def test_optimum_never_worse_than_any_preset() -> None:
     runs = {p: run_baseline(p, jobs, CM, limits) for p in PRESETS}
     served = {p: b for p, b in runs.items() if b.evaluation is not None}
     assert len(served) >= 6
-    res = solve(jobs, limits, CM, CspOptions(workers=2, time_limit_s=20, warm_start=tuple(served)))
+    res = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20, warm_start=tuple(served)))
     assert res.evaluation is not None and res.status in ("optimal", "feasible")
     for p, b in served.items():
         assert b.evaluation is not None
@@ -129,7 +129,7 @@ def test_replayed_schedule_passes_engine_validation_and_reproduces_objective(
     tmp_path: Path,
 ) -> None:
     jobs, limits = TINY["three-mixed"]
-    res = solve(jobs, limits, CM, CspOptions(workers=2, time_limit_s=20))
+    res = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20))
     assert res.schedule is not None and res.evaluation is not None and res.objective
     run = replay(res.schedule, jobs, CM, limits)
     assert run.all_finished
@@ -157,7 +157,7 @@ def test_engine_rejects_a_schedule_that_breaks_a_limit() -> None:
 def test_online_variant_respects_arrivals_and_replays() -> None:
     jobs = [Job(0, 4, 3, 0.0), Job(1, 2, 2, 0.015), Job(2, 3, 2, 0.1)]
     limits = Limits(4096, 4096, 8, 8, 1)
-    res = solve(jobs, limits, CM, CspOptions(workers=2, time_limit_s=20))
+    res = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20))
     assert res.status == "optimal" and res.schedule is not None and res.evaluation is not None
     ev = res.evaluation
     for batch, start in zip(res.schedule.batches, ev.batch_start, strict=True):
@@ -174,8 +174,8 @@ def test_online_variant_respects_arrivals_and_replays() -> None:
 def test_alternative_objectives(objective: str) -> None:
     jobs = [Job(0, 3, 3), Job(1, 2, 2), Job(2, 2, 3)]
     limits = Limits(4096, 4096, 7, 8, 1)
-    res = solve(jobs, limits, CM, CspOptions(objective=objective, workers=2, time_limit_s=20))  # type: ignore[arg-type]
-    lat = solve(jobs, limits, CM, CspOptions(objective="latency", workers=2, time_limit_s=20))
+    res = solve(jobs, limits, CM, CspOptions(objective=objective, workers=1, time_limit_s=20))  # type: ignore[arg-type]
+    lat = solve(jobs, limits, CM, CspOptions(objective="latency", workers=1, time_limit_s=20))
     assert res.status == "optimal" and res.evaluation is not None and res.objective is not None
     assert lat.evaluation is not None
     assert _close(res.objective, res.evaluation.metric(objective), 1e-5)
@@ -231,12 +231,16 @@ def test_simulating_never_imports_the_solver() -> None:
 
 def test_section45_finding() -> None:
     """Llama-2-7B/A100, O = B = 4, M = max(2I, I+O-1): for short inputs the optimum evicts
-    and beats the best eviction-free schedule; for long ones it does not evict."""
+    and beats the best eviction-free schedule (proven optimal); for long ones the best
+    schedule found does not evict (the solver's bound is too weak to prove it there)."""
     from sloserve.experiments.infermax_csp import csp_eviction_sweep
 
-    df = csp_eviction_sweep([4, 512], time_limit_s=4.0, workers=2).set_index("I")
+    # one worker and a deterministic limit: the same answer under any machine load
+    df = csp_eviction_sweep(
+        [4, 512], time_limit_s=60.0, deterministic_limit=0.5, workers=1
+    ).set_index("I")
     short, long = df.loc[4], df.loc[512]
-    assert short["status"] in ("optimal", "feasible")
+    assert short["status"] == "optimal"
     assert short["optimal_evictions"] > 0
     assert short["optimal_latency"] < short["best_ef_latency"]
     assert short["latency_gap_pct"] > 5

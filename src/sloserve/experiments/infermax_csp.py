@@ -57,13 +57,15 @@ def csp_eviction_sweep(
     time_limit_s: float = 10.0,
     seed: int = 0,
     workers: int | None = None,
+    deterministic_limit: float | None = None,
 ) -> pd.DataFrame:
     """One row per I: columns I, M, optimal_latency, optimal_evictions, status, gap,
     best_ef_latency, best_ef_status, best_preset, best_preset_latency, latency_gap_pct
     (and a few more: ef_gap, optimal_batches, max_batches, solve_seconds).
 
-    ``time_limit_s`` bounds each of the two solves per I; ``workers`` is CP-SAT's worker
-    count (None: min(8, CPUs); 1 is deterministic run to run).
+    ``time_limit_s`` bounds each of the two solves per I (wall clock); ``workers`` is
+    CP-SAT's worker count (None: min(8, CPUs)); ``deterministic_limit`` adds CP-SAT's
+    load-independent limit (with ``workers=1`` the rows are then identical on every run).
     """
     if not inputs:
         raise ConfigError("csp_eviction_sweep needs at least one input length")
@@ -83,7 +85,12 @@ def csp_eviction_sweep(
         best_preset_latency = ok[best_preset][0]
         J = max(s.num_batches for _lat, s in ok.values())
         base = CspOptions(
-            max_batches=J, time_limit_s=time_limit_s, seed=seed, workers=workers, warm_start=()
+            max_batches=J,
+            time_limit_s=time_limit_s,
+            deterministic_limit=deterministic_limit,
+            seed=seed,
+            workers=workers,
+            warm_start=(),
         )
         ef_hint = _best_schedule([c for p, c in ok.items() if p.endswith("-ef")])
         ef_opts = dataclasses.replace(base, allow_eviction=False)

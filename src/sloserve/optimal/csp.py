@@ -125,8 +125,12 @@ class CspOptions:
     allow_chunked_prefill: bool = True
     """A prefill entry may stop short of the request's full (re)fill."""
     time_limit_s: float = 10.0
+    """Wall-clock limit of the search (model building and warm-start runs not included)."""
+    deterministic_limit: float | None = None
+    """CP-SAT's deterministic-time limit (machine-load independent; about seconds). With
+    ``workers=1`` the answer is then the same on every run and every machine load."""
     workers: int | None = None
-    """CP-SAT search workers; None: min(8, CPU count). 1 gives run-to-run determinism."""
+    """CP-SAT search workers; None: min(8, CPU count)."""
     seed: int = 0
     time_unit_s: float = 1e-11
     """Integer time resolution of the model."""
@@ -402,6 +406,8 @@ def solve(
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = opts.time_limit_s
+    if opts.deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = opts.deterministic_limit
     solver.parameters.num_workers = opts.workers or min(8, os.cpu_count() or 1)
     solver.parameters.random_seed = opts.seed
     solver.parameters.log_search_progress = opts.log
@@ -421,6 +427,8 @@ def solve(
         "hinted": hinted,
         "workers": solver.parameters.num_workers,
         "time_unit_s": unit,
+        "deterministic_time": solver.ResponseProto().deterministic_time,
+        "wall_time": solver.WallTime(),
     }
     if status in ("infeasible", "unknown"):
         return CspResult(
