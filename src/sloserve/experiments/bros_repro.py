@@ -769,6 +769,15 @@ def _clean(x: Any) -> Any:
 
 
 # ------------------------------------------------------------------ plots and tables
+COLORS = {
+    "bros": "tab:blue",
+    "bros-nobicache": "tab:cyan",
+    "vllm": "tab:red",
+    "rr": "tab:orange",
+    "sarathi": "tab:green",
+}
+"""One colour per policy in every figure."""
+
 _HYBRID_PANELS = (
     ("rt_norm_latency_s", "RT normalized latency (s/token)"),
     ("rt_ttft_attainment", "RT TTFT SLO attainment"),
@@ -806,7 +815,12 @@ def plot(results: pd.DataFrame, overhead: pd.DataFrame, out_dir: Path) -> None:
                 ax = axes[i][j]
                 for pol, line in s.groupby("policy"):
                     line = line.sort_values("load")
-                    ax.plot(line["rt_rate"], line[col], marker="o", label=str(pol))
+                    ax.plot(
+                        line["rt_rate"], line[col], marker="o", label=str(pol),
+                        color=COLORS.get(str(pol)),
+                    )  # fmt: skip
+                if "attainment" in col:
+                    ax.set_ylim(-0.02, 1.02)
                 if i == 0:
                     ax.set_title(f"{profile}\n{mix}", fontsize=9)
                 ax.set_xlabel("RT rate (req/s)")
@@ -822,7 +836,12 @@ def plot(results: pd.DataFrame, overhead: pd.DataFrame, out_dir: Path) -> None:
         for ax, (col, label) in zip(axes[0], _HYBRID_PANELS, strict=True):
             for pol, line in bb.groupby("policy"):
                 line = line.sort_values("be_batch_size")
-                ax.plot(line["be_batch_size"], line[col], marker="o", label=str(pol))
+                ax.plot(
+                    line["be_batch_size"], line[col], marker="o", label=str(pol),
+                    color=COLORS.get(str(pol)),
+                )  # fmt: skip
+            if "attainment" in col:
+                ax.set_ylim(-0.02, 1.02)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("BE batch size (requests)")
             ax.set_ylabel(label, fontsize=8)
