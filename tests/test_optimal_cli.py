@@ -13,7 +13,20 @@ from typer.testing import CliRunner
 from sloserve.cli import app
 
 RUN = CliRunner()
-TINY = ["--requests", "2", "--input", "3", "--output", "2", "--kv-capacity", "6", "--workers", "1"]
+TINY = [
+    "--requests",
+    "2",
+    "--input",
+    "3",
+    "--output",
+    "2",
+    "--kv-capacity",
+    "6",
+    "--workers",
+    "1",
+    "--deterministic-limit",
+    "20",
+]
 KEYS = {"status", "objective", "latency", "evictions", "num_batches", "gap", "solve_seconds"}
 
 

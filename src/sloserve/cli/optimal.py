@@ -69,6 +69,14 @@ def optimal(
     time_limit: Annotated[
         float, typer.Option("--time-limit", help="Solver wall-clock limit, seconds.")
     ] = 10.0,
+    det_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--deterministic-limit",
+            help="CP-SAT deterministic-time limit (load-independent; with --workers 1 the "
+            "answer is reproducible).",
+        ),
+    ] = None,
     max_batches: Annotated[
         int | None,
         typer.Option("--max-batches", help="J, batches in the model (default: the warm start's)."),
@@ -158,6 +166,7 @@ def optimal(
         allow_hybrid=not no_hybrid,
         allow_chunked_prefill=not no_chunked,
         time_limit_s=time_limit,
+        deterministic_limit=det_limit,
         workers=workers,
         seed=solver_seed,
         warm_start=ws,
