@@ -26,8 +26,10 @@ from sloserve.serve.emulated import EmulatedBackend
 from sloserve.serve.schemas import (
     CHAT_REPLY_PRIMING_TOKENS,
     CHAT_TOKENS_PER_MESSAGE,
+    ChunkFactory,
     count_text_tokens,
     filler_text,
+    sse,
 )
 
 
@@ -497,3 +499,13 @@ def test_graceful_shutdown_drains_streams() -> None:
         t.join(timeout=20)
     events = result["events"]
     assert events[-1] == "data: [DONE]" and len(events) == 61  # every token, then [DONE]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("usage", [False, True])
+def test_token_event_template_is_the_chunk(chat: bool, usage: bool) -> None:
+    f = ChunkFactory("cmpl-1", 'mo"del\u00e9', chat, usage)
+    for text in (" the", 'q"uote\\', "\u00e9\u4e2d\n"):
+        assert f.token_event(text, None) == sse(f.token_chunk(text, None))
+        assert json.loads(f.token_event(text, None)[6:]) == f.token_chunk(text, None)
+    assert f.token_event(" x", "stop") == sse(f.token_chunk(" x", "stop"))

@@ -31,7 +31,6 @@ Graceful shutdown: uvicorn stops accepting and waits for open streams
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -56,6 +55,7 @@ from sloserve.serve.schemas import (
     error_body,
     prompt_tokens,
     requested_max_tokens,
+    sse,
     unsupported_params,
 )
 from sloserve.workloads.spec import SLO_PRESETS
@@ -141,10 +141,6 @@ def _header_list(names: list[str]) -> str:
     if len(names) > _HEADER_NAMES_MAX:
         shown.append(f"+{len(names) - _HEADER_NAMES_MAX} more")
     return ",".join(shown)
-
-
-def _sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 _DONE = "data: [DONE]\n\n"
@@ -407,13 +403,13 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         completion = 0
         try:
             if chat:
-                yield _sse(factory.role_chunk())
+                yield sse(factory.role_chunk())
             try:
                 async for chunk in stream:
                     rec.tokens(time.monotonic(), chunk.num_tokens)
                     completion += chunk.num_tokens
                     if chunk.text or chunk.finish_reason is not None:
-                        yield _sse(factory.token_chunk(chunk.text, _finish(chunk)))
+                        yield factory.token_event(chunk.text, _finish(chunk))
                     if chunk.finish_reason is not None:
                         if chunk.prompt_tokens is not None:
                             n_prompt = chunk.prompt_tokens
@@ -422,11 +418,11 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                     raise ServeError("the backend ended the stream without a finish reason")
             except ServeError as e:
                 status = "error"
-                yield _sse(error_body(str(e), "api_error", None, e.reason))
+                yield sse(error_body(str(e), "api_error", None, e.reason))
                 yield _DONE
                 return
             if factory.include_usage:
-                yield _sse(factory.usage_chunk(n_prompt, completion))
+                yield sse(factory.usage_chunk(n_prompt, completion))
             yield _DONE
             status = "ok"
         finally:

@@ -47,6 +47,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from sloserve.core.errors import ConfigError
@@ -101,10 +102,11 @@ class EmulatedConfig(BaseModel):
 class _Stream:
     """One request's token stream: the engine pushes, the generator pops."""
 
-    __slots__ = ("finish", "max_tokens", "prompt_tokens", "queue", "req", "sent")
+    __slots__ = ("finish", "max_tokens", "prompt_tokens", "queue", "req", "request_id", "sent")
 
-    def __init__(self, req: Request, max_tokens: int, prompt_tokens: int) -> None:
+    def __init__(self, req: Request, request_id: str, max_tokens: int, prompt_tokens: int) -> None:
         self.req = req
+        self.request_id = request_id
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
         self.queue: asyncio.Queue[TokenChunk | ServeError] = asyncio.Queue()
@@ -208,7 +210,8 @@ class _Replica:
     def release(self, stream: _Stream) -> None:
         """The consumer is gone: abort the request if it is still live (frees its KV)."""
         r = stream.req
-        self.streams.pop(r.req_id, None)
+        if self.streams.pop(r.req_id, None) is not None and self.backend.log is not None:
+            self.backend.log.append((stream.request_id, self.index, r))
         if not r.status.is_terminal and self.inst.abort(r):
             self.kick()
 
@@ -253,6 +256,9 @@ class EmulatedBackend(Backend):
         self.t0 = 0.0
         self.stopping = False
         self._icfg = config.instance.model_copy(update={"multi_step": False})
+        self.log: list[tuple[str, int, Request]] | None = None
+        """Set to a list to keep ``(request_id, replica, engine request)`` of every ended
+        stream (benchmarks: :meth:`token_times` gives when the engine emitted its tokens)."""
 
     # ---------------------------------------------------------------- clock
     @property
@@ -345,7 +351,7 @@ class EmulatedBackend(Backend):
             qoe=req.qoe,
             max_tokens=req.max_tokens,
         )
-        stream = _Stream(r, req.max_tokens, req.prompt_tokens)
+        stream = _Stream(r, req.request_id, req.max_tokens, req.prompt_tokens)
         rep.add(r, stream)
         try:
             get = stream.queue.get
@@ -380,3 +386,10 @@ class EmulatedBackend(Backend):
     def instances(self) -> list[Instance]:
         """The replicas' engines (tests and benchmarks read their state)."""
         return [rep.inst for rep in self._replicas]
+
+    def token_times(self, replica: int, req: Request) -> NDArray[np.float64]:
+        """Event-loop (monotonic) times at which the engine emitted ``req``'s tokens: the
+        ends of their iterations, mapped to wall time (when they were due, not when the
+        loop got to them)."""
+        ends = np.asarray(self._replicas[replica].inst.iter_end, dtype=np.float64)
+        return self.t0 + ends[np.asarray(req.token_iterations(), dtype=np.int64)] / self.scale

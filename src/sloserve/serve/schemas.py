@@ -22,6 +22,7 @@ Request bodies are pydantic models (they also make the OpenAPI schema). Choices:
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any, Literal
@@ -232,6 +233,11 @@ def error_body(
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def sse(obj: dict[str, Any]) -> str:
+    """One server-sent event carrying ``obj`` as compact JSON."""
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
 def usage(prompt: int, completion: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt,
@@ -243,7 +249,7 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
 class ChunkFactory:
     """Builds the exact OpenAI objects of one response (ids, ``created``, model fixed)."""
 
-    __slots__ = ("chat", "created", "id", "include_usage", "model")
+    __slots__ = ("_prefix", "_suffix", "chat", "created", "id", "include_usage", "model")
 
     def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool) -> None:
         self.id = request_id
@@ -251,6 +257,23 @@ class ChunkFactory:
         self.chat = chat
         self.include_usage = include_usage
         self.created = int(time.time())
+        # The hot path (one event per token) splices the text into a pre-encoded chunk:
+        # the same bytes as ``sse(token_chunk(text, None))``, without building a dict.
+        head = json.dumps(self._base(), separators=(",", ":"))[:-1]
+        field = '"delta":{"content":' if chat else '"text":'
+        self._prefix = f'data: {head},"choices":[{{"index":0,{field}'
+        self._suffix = (
+            ("}" if chat else "")
+            + ',"logprobs":null,"finish_reason":null}]'
+            + (',"usage":null' if include_usage else "")
+            + "}\n\n"
+        )
+
+    def token_event(self, text: str, finish_reason: str | None) -> str:
+        """The SSE event (``data: …``) of one token chunk."""
+        if finish_reason is None and text:
+            return self._prefix + json.dumps(text) + self._suffix
+        return sse(self.token_chunk(text, finish_reason))
 
     def _base(self) -> dict[str, Any]:
         out: dict[str, Any] = {

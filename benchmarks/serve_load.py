@@ -1,0 +1,362 @@
+"""Gateway load and sim-vs-live benchmarks on loopback.
+
+``load`` (the default): N concurrent streaming completions against the emulated backend,
+twice on the very same engine configuration:
+
+1. **in-process**: N asyncio consumers call ``EmulatedBackend.generate`` directly;
+2. **HTTP**: the gateway runs in its own process (``create_app`` + uvicorn, as
+   ``sloserve serve`` runs it) and a light raw-socket client in this process opens N
+   HTTP/1.1 connections and reads the SSE streams.
+
+Each stream is a completion of ``--prompt`` token ids and ``max_tokens`` = ``--max-tokens``,
+started at evenly spread times over ``--ramp`` seconds. For every token the benchmark knows
+when the engine emitted it (the end of its iteration, mapped to monotonic time; the server
+process dumps these per response id at shutdown, and CLOCK_MONOTONIC is system-wide) and
+when the consumer received it. The per-chunk **delivery delay** is received − emitted; the
+gateway's **overhead per chunk** is the HTTP run's delay percentiles minus the in-process
+run's. Also: tokens/s received, errors, peak RSS of the server process (VmHWM) and of this
+process, and the load average (the machine is shared).
+
+``agreement``: a ShareGPT-like workload (``--workload``, Poisson arrivals) through
+``experiments.runner.simulate`` and through the live gateway (requests sent at their
+arrival times): mean TTFT and TPOT of both and their relative difference; the live
+scheduling overhead is the mean extra TTFT (live − simulated), in milliseconds.
+
+    python benchmarks/serve_load.py load [--streams 1000] [--max-tokens 128]
+    python benchmarks/serve_load.py agreement [--num-requests 200] [--rate 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import resource
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sloserve.experiments.runner import InstanceConfig
+from sloserve.serve.backend import GenerationRequest
+from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
+
+MODEL = "bench"
+
+
+def _config(args: argparse.Namespace) -> EmulatedConfig:
+    return EmulatedConfig(
+        instance=InstanceConfig(profile=args.profile, max_running=args.max_running),
+        policy=args.policy,
+        time_scale=args.time_scale,
+        served_model_name=MODEL,
+    )
+
+
+def _peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _pct(x: np.ndarray) -> dict[str, float]:
+    return {
+        "p50_ms": float(np.percentile(x, 50) * 1e3),
+        "p99_ms": float(np.percentile(x, 99) * 1e3),
+        "max_ms": float(x.max() * 1e3),
+    }
+
+
+# ----------------------------------------------------------------------------- in-process
+async def _in_process(args: argparse.Namespace) -> dict[str, Any]:
+    be = EmulatedBackend(_config(args))
+    be.log = []
+    await be.start()
+    received: dict[str, list[float]] = {}
+    t0 = time.monotonic() + 0.1
+    errors = 0
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        await asyncio.sleep(max(0.0, t0 + i * args.ramp / args.streams - time.monotonic()))
+        rid = f"cmpl-{i}"
+        req = GenerationRequest(
+            request_id=rid, endpoint="completions", model=MODEL,
+            prompt_tokens=args.prompt, max_tokens=args.max_tokens, arrival=time.monotonic(),
+        )  # fmt: skip
+        times = received.setdefault(rid, [])
+        try:
+            async for c in be.generate(req):
+                times.append(time.monotonic())
+                if c.finish_reason is not None and c.finish_reason != "length":
+                    errors += 1
+        except Exception:
+            errors += 1
+
+    await asyncio.gather(*(one(i) for i in range(args.streams)))
+    emitted = {rid: be.token_times(rep, r) for rid, rep, r in be.log}
+    await be.stop(0)
+    return _delays("in-process", received, emitted, errors, t0)
+
+
+def _delays(
+    name: str,
+    received: dict[str, list[float]],
+    emitted: dict[str, np.ndarray],
+    errors: int,
+    t0: float,
+) -> dict[str, Any]:
+    delays: list[np.ndarray] = []
+    for rid, times in received.items():
+        e = emitted.get(rid)
+        if e is None or len(e) != len(times):
+            errors += 1
+            continue
+        delays.append(np.asarray(times) - e)
+    d = np.concatenate(delays) if delays else np.zeros(1)
+    last = max((t[-1] for t in received.values() if t), default=t0)
+    chunks = sum(len(t) for t in received.values())
+    return {
+        "run": name,
+        "streams": len(received),
+        "chunks": chunks,
+        "errors": errors,
+        "tokens_per_s": chunks / (last - t0),
+        "delay": _pct(d),
+        "early_chunks": int((d < -1e-6).sum()),
+    }
+
+
+# ----------------------------------------------------------------------------- HTTP
+def _serve_process(cfg_json: str, sock: socket.socket, out: str, ready: Any) -> None:
+    """The gateway in a child process; at shutdown it dumps the engine's emit times."""
+    import uvicorn
+
+    from sloserve.serve.api import create_app
+
+    be = EmulatedBackend(EmulatedConfig.model_validate_json(cfg_json))
+    be.log = []
+    config = uvicorn.Config(
+        create_app(be), log_level="warning", timeout_graceful_shutdown=5, backlog=4096
+    )
+    server = uvicorn.Server(config)
+    emitted: dict[str, list[float]] = {}
+
+    orig_stop = be.stop
+    orig_start = be.start
+    cpu_at_start = [0.0]
+
+    async def start() -> None:
+        cpu_at_start[0] = _cpu_s()
+        await orig_start()
+
+    async def stop(drain_timeout_s: float = 30.0) -> None:
+        for rid, rep, r in be.log or []:
+            emitted[rid] = be.token_times(rep, r).tolist()
+        await orig_stop(drain_timeout_s)
+
+    be.stop = stop  # type: ignore[method-assign]
+    be.start = start  # type: ignore[method-assign]
+    # uvicorn re-raises the signal that stopped it once it has shut down: make that a no-op
+    # so that the emit times get written.
+    signal.signal(signal.SIGINT, lambda _s, _f: None)
+    ready.set()
+    server.run(sockets=[sock])
+    Path(out).write_text(
+        json.dumps(
+            {"emitted": emitted, "peak_rss_mib": _peak_rss_mib(),
+             "cpu_s": _cpu_s() - cpu_at_start[0]}
+        )
+    )  # fmt: skip
+
+
+async def _stream_one(port: int, body: bytes) -> tuple[str | None, list[float], int]:
+    """One streaming POST over a raw socket: (response id, chunk receive times, status)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    status = int((await reader.readline()).split()[1])
+    chunked = False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+            chunked = True
+    rid: str | None = None
+    times: list[float] = []
+    if status == 200 and chunked:
+        buf = b""
+        while True:
+            size = int((await reader.readline()).strip(), 16)
+            if size == 0:
+                break
+            buf += (await reader.readexactly(size + 2))[:-2]
+            now = time.monotonic()
+            *events, buf = buf.split(b"\n\n")
+            for ev in events:
+                if ev.startswith(b"data: {"):
+                    if rid is None:
+                        rid = json.loads(ev[6:])["id"]
+                    if b'"error"' in ev[:20]:
+                        status = 599
+                    else:
+                        times.append(now)
+    writer.close()
+    return rid, times, status
+
+
+async def _http_client(
+    args: argparse.Namespace, port: int
+) -> tuple[dict[str, list[float]], int, float]:
+    body = json.dumps(
+        {"model": MODEL, "prompt": [7] * args.prompt, "max_tokens": args.max_tokens,
+         "stream": True}
+    ).encode()  # fmt: skip
+    t0 = time.monotonic() + 0.1
+    received: dict[str, list[float]] = {}
+    errors = 0
+
+    async def one(i: int) -> None:
+        nonlocal errors
+        await asyncio.sleep(max(0.0, t0 + i * args.ramp / args.streams - time.monotonic()))
+        try:
+            rid, times, status = await _stream_one(port, body)
+        except Exception:
+            errors += 1
+            return
+        if status != 200 or rid is None or len(times) != args.max_tokens:
+            errors += 1
+        if rid is not None:
+            received[rid] = times
+
+    await asyncio.gather(*(one(i) for i in range(args.streams)))
+    return received, errors, t0
+
+
+def _http(args: argparse.Namespace) -> dict[str, Any]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    ctx = mp.get_context("fork")  # the socket is inherited
+    ready = ctx.Event()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "server.json")
+        proc = ctx.Process(
+            target=_serve_process, args=(_config(args).model_dump_json(), sock, out, ready)
+        )
+        proc.start()
+        ready.wait(30)
+        time.sleep(1.0)  # uvicorn listening
+        cpu = _cpu_s()
+        received, errors, t0 = asyncio.run(_http_client(args, port))
+        client_cpu = _cpu_s() - cpu
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGINT)
+        proc.join(60)
+        data = json.loads(Path(out).read_text())
+    emitted = {k: np.asarray(v) for k, v in data["emitted"].items()}
+    res = _delays("http", received, emitted, errors, t0)
+    res["server_peak_rss_mib"] = data["peak_rss_mib"]
+    res["server_cpu_s"] = data["cpu_s"]
+    res["client_cpu_s"] = client_cpu
+    res["server_cpu_us_per_chunk"] = data["cpu_s"] / max(1, res["chunks"]) * 1e6
+    return res
+
+
+def load(args: argparse.Namespace) -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
+    load_before = os.getloadavg()
+    runs = [asyncio.run(_in_process(args)), _http(args)]
+    inp, http = runs
+    summary = {
+        "streams": args.streams,
+        "max_tokens": args.max_tokens,
+        "profile": args.profile,
+        "time_scale": args.time_scale,
+        "overhead_per_chunk_p50_ms": http["delay"]["p50_ms"] - inp["delay"]["p50_ms"],
+        "overhead_per_chunk_p99_ms": http["delay"]["p99_ms"] - inp["delay"]["p99_ms"],
+        "client_peak_rss_mib": _peak_rss_mib(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+    }
+    for r in runs:
+        print(json.dumps(r))
+    print(json.dumps(summary))
+
+
+# ----------------------------------------------------------------------------- agreement
+def agreement(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from serve_helpers import live_server, replay_over_http
+    from sloserve.experiments.runner import SimConfig, simulate, workload_requests
+    from sloserve.workloads.spec import WorkloadSpec
+
+    icfg = InstanceConfig(profile=args.profile, max_running=args.max_running)
+    spec = WorkloadSpec.model_validate(
+        {"mix": args.workload, "num_requests": args.num_requests, "seed": args.seed,
+         "arrival": {"kind": "poisson", "rate": args.rate}, "slo": "none"}
+    )  # fmt: skip
+    cfg = SimConfig(workload=spec, instance=icfg, policy=args.policy)
+    reqs = [r for r in workload_requests(cfg) if r.num_prompt_tokens + r.true_output_len <= 4096]
+    sim = simulate(cfg, reqs).table
+    load_before = os.getloadavg()
+    with live_server(instance=icfg, policy=args.policy, time_scale=args.time_scale) as srv:
+        t = time.monotonic()
+        live = asyncio.run(replay_over_http(srv.base_url, reqs, args.time_scale))
+        wall = time.monotonic() - t
+    same = bool((live["tokens"].to_numpy() == sim["generated_tokens"].to_numpy()).all())
+    out: dict[str, Any] = {
+        "requests": len(reqs), "policy": args.policy, "profile": args.profile,
+        "workload": args.workload, "rate": args.rate, "time_scale": args.time_scale,
+        "wall_s": wall, "max_send_lateness_ms": float(live["late_s"].max() * 1e3),
+        "tokens_match": same,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+    }  # fmt: skip
+    for col in ("ttft_s", "tpot_s"):
+        s, v = float(sim[col].mean()), float(live[col].mean())
+        out[f"sim_{col}_mean"] = s
+        out[f"live_{col}_mean"] = v
+        out[f"{col}_rel_diff"] = (v - s) / s
+    extra = (live["ttft_s"].to_numpy() - sim["ttft_s"].to_numpy()) / args.time_scale
+    out["live_extra_ttft_ms_mean"] = float(extra.mean() * 1e3)
+    out["live_extra_ttft_ms_p99"] = float(np.percentile(extra, 99) * 1e3)
+    print(json.dumps(out))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("mode", nargs="?", default="load", choices=["load", "agreement"])
+    p.add_argument("--profile", default="llama-3-8b@a100-80gb")
+    p.add_argument("--policy", default="vllm")
+    p.add_argument("--max-running", type=int, default=1024)
+    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--streams", type=int, default=1000)
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--ramp", type=float, default=1.0, help="seconds over which streams start")
+    p.add_argument("--workload", default="sharegpt")
+    p.add_argument("--num-requests", type=int, default=200)
+    p.add_argument("--rate", type=float, default=4.0)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    (load if args.mode == "load" else agreement)(args)
+
+
+if __name__ == "__main__":
+    main()
