@@ -16,7 +16,7 @@ from sloserve.core.errors import ConfigError
 def _names(raw: str | None, flag: str) -> list[str] | None:
     if raw is None:
         return None
-    names = [n.strip() for n in raw.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
     if not names:
         raise ConfigError(f"{flag}: expected a comma-separated list of names, got {raw!r}")
     return names
@@ -148,7 +148,7 @@ def reproduce_bros(
             part = part.droplevel("experiment").dropna(axis=1, how="all")
             console.print(f"[bold]{exp}[/bold] (mean over RT rates)")
             console.print(part.to_string(), highlight=False)
-    if (rep.results["experiment"] == "be_batch").any():
+    if len(rep.results) and (rep.results["experiment"] == "be_batch").any():
         console.print("[bold]be_batch[/bold] (sensitivity to the BE batch size, ours)")
         console.print(be_batch_table(rep.results).to_string(), highlight=False)
     if len(rep.overhead):

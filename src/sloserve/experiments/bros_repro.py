@@ -565,6 +565,8 @@ def headline(results: pd.DataFrame, overhead: pd.DataFrame | None = None) -> dic
     """Our headline numbers beside the paper's: per scenario, and flat keys as ``PAPER``."""
     out: dict[str, Any] = {"paper": PAPER, "scenarios": {}, "ours": {}}
     ours: dict[str, float] = {}
+    if "experiment" not in results.columns:  # nothing ran (or every run failed)
+        results = pd.DataFrame(columns=["experiment", "profile", "mix", "policy", "load"])
     hyb = results[results["experiment"] == "hybrid"]
     per_mix: dict[str, list[dict[str, float]]] = {}
     for (profile, mix), g in hyb.groupby(["profile", "mix"]):
