@@ -23,7 +23,11 @@ from the server's usage. guidellm (0.8) always asks for vLLM's
 ``stream_options.continuous_usage_stats``, which the gateway rejects as an unsupported
 parameter; the script sets it to ``false`` through guidellm's request extras.
 
-Prints a table and one JSON line (``--out`` writes it to a file too).
+``--slow-upstream 0.5`` makes the last upstream half as fast (its ``--time-scale``), and
+``--router round-robin,least-loaded,...`` runs the benchmark once per router: what routing
+is worth with heterogeneous replicas.
+
+Prints a table and one JSON line per run (``--out`` appends them to a file too).
 """
 
 from __future__ import annotations
@@ -116,8 +120,13 @@ def run(args: argparse.Namespace, guidellm: str) -> dict[str, Any]:
         n_up = 1 if args.direct else args.upstreams
         up_ports = [free_port() for _ in range(n_up)]
         upstreams = [f"http://127.0.0.1:{p}" for p in up_ports]
-        for p in up_ports:
-            procs.append(serve("--backend", "emulated", "--port", str(p), "--model", MODEL))
+        for k, p in enumerate(up_ports):
+            extra = []
+            if args.slow_upstream and k == n_up - 1 and not args.direct:
+                extra = ["--time-scale", str(args.slow_upstream)]
+            procs.append(
+                serve("--backend", "emulated", "--port", str(p), "--model", MODEL, *extra)
+            )
         if args.direct:
             target = upstreams[0]
         else:
@@ -182,6 +191,8 @@ def run(args: argparse.Namespace, guidellm: str) -> dict[str, Any]:
                     up_sum[k][1] += after[u][k][1] - before[u][k][1]
         result: dict[str, Any] = {
             "target": "emulated (direct)" if args.direct else f"gateway -> {n_up} emulated",
+            "router": None if args.direct else args.router,
+            "slow_upstream": None if args.direct else args.slow_upstream,
             "streams": args.streams,
             "requests": args.requests,
             "output_tokens": args.output_tokens,
@@ -212,7 +223,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--guidellm", default=None, help="guidellm executable (default: on PATH)")
     ap.add_argument("--upstreams", type=int, default=2)
-    ap.add_argument("--router", default="least-loaded")
+    ap.add_argument(
+        "--router", default="least-loaded", help="router, or a comma list to run each in turn"
+    )
+    ap.add_argument(
+        "--slow-upstream",
+        type=float,
+        default=None,
+        help="the last upstream runs at this --time-scale (e.g. 0.5: a GPU half as fast)",
+    )
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--prompt-words", type=int, default=100)
@@ -227,25 +246,29 @@ def main() -> None:
             "guidellm not found: python -m venv /tmp/gl && /tmp/gl/bin/pip install guidellm, "
             "then --guidellm /tmp/gl/bin/guidellm"
         )
-    r = run(args, guidellm)
-    print(f"{r['target']}: {r['requests']} requests, {r['streams']} streams, {r['wall_s']} s")
-    print(f"{'':28}{'guidellm':>12}{'server':>12}{'diff':>9}")
-    print(
-        f"{'TTFT mean (ms)':28}{r['guidellm_ttft_ms']:12.1f}{r['server_ttft_ms']:12.1f}"
-        f"{r['ttft_rel_diff']:9.1%}"
-    )
-    print(
-        f"{'ITL / TPOT mean (ms)':28}{r['guidellm_itl_ms']:12.2f}{r['server_tpot_ms']:12.2f}"
-        f"{r['itl_rel_diff']:9.1%}"
-    )
-    if "upstream_ttft_ms" in r:
-        print(f"{'upstream TTFT mean (ms)':28}{'':12}{r['upstream_ttft_ms']:12.1f}")
-        print(f"{'upstream TPOT mean (ms)':28}{'':12}{r['upstream_tpot_ms']:12.2f}")
-    line = json.dumps(r)
-    print(line)
-    if args.out is not None:
-        args.out.write_text(line + "\n")
-
+    routers = [args.router] if args.direct else args.router.split(",")
+    for router in routers:
+        args.router = router
+        r = run(args, guidellm)
+        where = r["target"] + (f", router {router}" if not args.direct else "")
+        print(f"{where}: {r['requests']} requests, {r['streams']} streams, {r['wall_s']} s")
+        print(f"{'':28}{'guidellm':>12}{'server':>12}{'diff':>9}")
+        print(
+            f"{'TTFT mean (ms)':28}{r['guidellm_ttft_ms']:12.1f}{r['server_ttft_ms']:12.1f}"
+            f"{r['ttft_rel_diff']:9.1%}"
+        )
+        print(
+            f"{'ITL / TPOT mean (ms)':28}{r['guidellm_itl_ms']:12.2f}{r['server_tpot_ms']:12.2f}"
+            f"{r['itl_rel_diff']:9.1%}"
+        )
+        if "upstream_ttft_ms" in r:
+            print(f"{'upstream TTFT mean (ms)':28}{'':12}{r['upstream_ttft_ms']:12.1f}")
+            print(f"{'upstream TPOT mean (ms)':28}{'':12}{r['upstream_tpot_ms']:12.2f}")
+        line = json.dumps(r)
+        print(line)
+        if args.out is not None:
+            with args.out.open("a") as f:
+                f.write(line + "\n")
 
 if __name__ == "__main__":
     main()

@@ -685,3 +685,15 @@ def test_slo_aware_routing_uses_the_cost_model_per_request() -> None:
     assert states[0].predicted_ttft_s > states[1].predicted_ttft_s
     b._ups[1].in_flight = 8  # full: the only one with a slot wins whatever its TTFT
     assert b._pick(greq(prompt=500)) == 0
+
+
+def test_slo_admission_without_profile_recovers_after_a_burst() -> None:
+    b = offline_backend(admission="slo", max_concurrency=4)
+    u = b._ups[0]
+    u.ttft_min, u.ttft_ewma = 0.02, 2.0  # slow answers under a burst
+    u.in_flight = 3
+    with pytest.raises(ServeError):
+        b._admit(greq(slo=SLO(ttft_s=0.5)))
+    # The burst is over: nothing in flight, the idle TTFT applies again.
+    u.in_flight = 0
+    b._admit(greq(slo=SLO(ttft_s=0.5)))

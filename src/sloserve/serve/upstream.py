@@ -23,7 +23,8 @@ Choices (all parameters of :class:`UpstreamConfig`):
   when the estimated queueing delay plus the best upstream's estimated TTFT exceeds it,
   and while queued, as soon as the time left is below the estimated TTFT. Estimates come
   from the cost model of ``profile`` when given, else from TTFTs observed at each upstream
-  (an exponential moving average). Best-effort requests are never rejected for SLOs.
+  (an exponential moving average while it has requests in flight, the smallest TTFT seen
+  there when it is idle). Best-effort requests are never rejected for SLOs.
   ``Retry-After`` is the estimated time for the queue to drain by one position per free
   slot. 503 ``no_backend`` when no upstream is healthy.
 - **Retries.** Only while nothing has been sent to the caller: a connection error, a
@@ -86,6 +87,10 @@ SLOSERVE_BODY_FIELDS = ("slo", "qoe", "request_class", "priority")
 
 EWMA_ALPHA = 0.2
 """Weight of a new observation in the moving averages of TTFT and request duration."""
+
+ASSUMED_DECODE_CONTEXT = 512
+"""KV tokens each running request reads per decode step, for the cost model's decode time
+(the gateway does not see the engines' contexts; ShareGPT-like requests are around it)."""
 
 
 class UpstreamConfig(BaseModel):
@@ -191,6 +196,7 @@ class _Upstream:
     load: EngineLoad = field(default_factory=EngineLoad)
     models: tuple[str, ...] = ()
     ttft_ewma: float | None = None
+    ttft_min: float | None = None
     duration_ewma: float | None = None
     served: int = 0
     failed: int = 0
@@ -339,20 +345,23 @@ class OpenAIUpstreamBackend(Backend):
     def _predict_ttft(self, u: _Upstream, prompt_tokens: int) -> float | None:
         """TTFT of a new request of ``prompt_tokens`` sent to ``u`` now (None: no idea)."""
         if self._cost is None:
-            return u.ttft_ewma
+            # The moving average describes the load of the last requests; an idle upstream
+            # answers as fast as it ever did. (Without this, SLO admission that rejected
+            # everything after a burst would never see a new TTFT and never recover.)
+            return u.ttft_min if u.in_flight == 0 else u.ttft_ewma
         # Everything sent there and not yet prefilled goes first (FCFS engine); one decode
         # iteration of the running requests interleaves with it.
         t = self._cost.prefill_time(u.queued_prompt_tokens + prompt_tokens)
         running = max(u.in_flight, u.load.running or 0)
         if running:
-            t += self._cost.decode_time(running, running * 512)
+            t += self._cost.decode_time(running, running * ASSUMED_DECODE_CONTEXT)
         return t
 
     def _tpot_estimate(self) -> float:
         if self._cost is None:
             return 0.0
         running = max(1, self.in_flight // max(1, len(self._ups)))
-        return self._cost.decode_time(running, running * 512)
+        return self._cost.decode_time(running, running * ASSUMED_DECODE_CONTEXT)
 
     def _service_estimate(self, req: GenerationRequest) -> float:
         """Work needed before ``req``'s deadline: prefill, plus decode for an e2e deadline."""
@@ -659,7 +668,9 @@ class OpenAIUpstreamBackend(Backend):
                             finish = _finish(choice["finish_reason"])
                     if text:
                         if counted == 0:
-                            u.ttft_ewma = _ewma(u.ttft_ewma, time.monotonic() - sent)
+                            ttft = time.monotonic() - sent
+                            u.ttft_ewma = _ewma(u.ttft_ewma, ttft)
+                            u.ttft_min = ttft if u.ttft_min is None else min(u.ttft_min, ttft)
                         counted += 1
                         yield TokenChunk(text, 1)
         except httpx.HTTPError as e:
