@@ -7,15 +7,20 @@ from collections import Counter
 
 import pytest
 
-from sloserve.core.errors import UnknownNameError
+from sloserve.core.errors import ConfigError, UnknownNameError
 from sloserve.core.request import SLO
+from sloserve.serve import routing
 from sloserve.serve.backend import GenerationRequest, ReplicaState
 from sloserve.serve.routing import (
+    PipelineRouter,
     Scorer,
     SloAwareRouter,
+    healthy_filter,
+    kv_score,
     load_score,
     make_router,
     normalised_scores,
+    register_router,
     router_names,
 )
 
@@ -144,3 +149,14 @@ def test_slo_aware_queue_estimate_without_prediction() -> None:
     # Many running requests outweigh a small queue.
     reps = [rep("a", queued=100), rep("b", running=50)]
     assert r.pick(greq(), reps) == 0
+
+
+def test_register_router_extension_and_duplicates() -> None:
+    register_router("test-kv-only", lambda seed: PipelineRouter([healthy_filter], [Scorer("kv", kv_score)]))
+    try:
+        r = make_router("test-kv-only")
+        assert r.pick(greq(), [rep("a", kv=0.9, running=0), rep("b", kv=0.1, running=99)]) == 1
+    finally:  # the registry is global: leave it as other tests expect it
+        routing._ROUTERS.pop("test-kv-only")
+    with pytest.raises(ConfigError, match="already registered"):
+        register_router("least-loaded", lambda seed: make_router("round-robin"))

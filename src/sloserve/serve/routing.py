@@ -36,7 +36,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sloserve.core.errors import UnknownNameError
+from sloserve.core.errors import ConfigError, UnknownNameError
 from sloserve.serve.backend import GenerationRequest, ReplicaState, Router
 
 Filter = Callable[[GenerationRequest, Sequence[ReplicaState], list[int]], list[int]]
@@ -238,12 +238,26 @@ class SloAwareRouter(PipelineRouter):
         """The TTFT estimate the router scores with (exposed for admission and tests)."""
 
 
-_ROUTERS: dict[str, Callable[[int], Router]] = {
+RouterFactory = Callable[[int], Router]
+"""Makes a fresh router from a seed (routers keep state: rotation pointers, RNGs)."""
+
+_ROUTERS: dict[str, RouterFactory] = {
     "round-robin": lambda seed: RoundRobinRouter(),
     "least-loaded": lambda seed: LeastLoadedRouter(),
     "power-of-two": lambda seed: PowerOfTwoRouter(seed=seed),
     "slo-aware": lambda seed: SloAwareRouter(),
 }
+
+
+def register_router(name: str, factory: RouterFactory) -> None:
+    """Add a router under ``name`` (extension point); a name already taken is an error.
+
+    The usual way to write one is a :class:`PipelineRouter` with its own filters and
+    weighted scorers, e.g. ``PipelineRouter([healthy_filter], [Scorer("kv", kv_score)])``.
+    """
+    if name in _ROUTERS:
+        raise ConfigError(f"router {name!r} is already registered")
+    _ROUTERS[name] = factory
 
 
 def router_names() -> list[str]:
