@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
@@ -697,3 +699,59 @@ def test_slo_admission_without_profile_recovers_after_a_burst() -> None:
     # The burst is over: nothing in flight, the idle TTFT applies again.
     u.in_flight = 0
     b._admit(greq(slo=SLO(ttft_s=0.5)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(1, 3),
+    order=st.sampled_from(["fcfs", "priority", "edf"]),
+    reqs=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.booleans(), st.integers(0, 2)),
+        min_size=1,
+        max_size=14,
+    ),
+)
+def test_queue_invariants(k: int, order: str, reqs: list[tuple[int, int, bool, int]]) -> None:
+    """Slots never oversubscribed; each grant goes to the best-ranked waiting request; every
+    request is granted once or cancelled; nothing is left behind."""
+    b = offline_backend(max_concurrency=k, order=order)
+    grants: list[str] = []
+    take = b._take
+
+    def checked_take(i: int, r: GenerationRequest) -> None:
+        assert b._ups[i].in_flight < k
+        waiting = [w.key for w in b._queue if not w.fut.done() and w.req is not r]
+        mine = b._queue_key(r)
+        assert all(mine <= key for key in waiting), (mine, waiting)
+        grants.append(r.request_id)
+        take(i, r)
+
+    b._take = checked_take  # type: ignore[method-assign]
+
+    async def main() -> None:
+        t0 = time.monotonic()
+
+        async def one(n: int, prio: int, hold: int, cancel: bool, gap: int) -> None:
+            for _ in range(gap):
+                await asyncio.sleep(0)
+            slo = SLO(ttft_s=1.0 + prio) if prio else SLO()
+            r = greq(arrival=t0 + n * 1e-3, priority=prio, slo=slo)
+            r.request_id = f"r{n}"
+            task = asyncio.ensure_future(b._acquire(r, frozenset()))
+            if cancel:
+                await asyncio.sleep(0)
+                task.cancel()
+            try:
+                i = await task
+            except asyncio.CancelledError:
+                return
+            for _ in range(hold):
+                await asyncio.sleep(0)
+            b._release(i, r, True)
+
+        await asyncio.gather(*(one(n, *spec) for n, spec in enumerate(reqs)))
+
+    asyncio.run(main())
+    assert len(grants) == len(set(grants))
+    assert len(grants) >= sum(1 for *_, cancel, _ in reqs if not cancel)
+    assert b.in_flight == 0 and b.queue_size == 0
