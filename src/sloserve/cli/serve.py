@@ -91,7 +91,7 @@ def serve(
     ),
     replicas: Annotated[int, typer.Option("--replicas", help="Emulated: engine replicas.")] = 1,
     policy: Annotated[
-        str | None, typer.Option("--policy", help="Emulated: per-instance policy (vllm…).")
+        str | None, typer.Option("--policy", help="Emulated: per-instance policy (default vllm).")
     ] = None,
     router: Annotated[
         str, typer.Option("--router", help="round-robin, least-loaded, power-of-two, slo-aware.")
