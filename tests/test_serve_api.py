@@ -568,9 +568,10 @@ def test_cli_serve_process() -> None:
             time.sleep(0.1)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
         for _ in range(2):
+            messages: Any = _MSG
             chunks = list(
                 client.chat.completions.create(
-                    model=MODEL, messages=_MSG, max_tokens=50, stream=True
+                    model=MODEL, messages=messages, max_tokens=50, stream=True
                 )
             )
             assert 3 <= len(chunks) - 1 <= 6 and chunks[-1].choices[0].finish_reason == "stop"
