@@ -755,3 +755,26 @@ def test_queue_invariants(k: int, order: str, reqs: list[tuple[int, int, bool, i
     assert len(grants) == len(set(grants))
     assert len(grants) >= sum(1 for *_, cancel, _ in reqs if not cancel)
     assert b.in_flight == 0 and b.queue_size == 0
+
+
+def test_requests_go_to_upstreams_serving_their_model() -> None:
+    b = offline_backend(upstreams=("http://127.0.0.1:9", "http://127.0.0.1:10"), max_concurrency=4)
+    b._ups[0].models, b._ups[1].models = ("llama",), ("mistral",)
+    r = greq()
+    r.model = "mistral"
+    assert {b._pick(r) for _ in range(4)} == {1}
+    r.model = "llama"
+    assert {b._pick(r) for _ in range(4)} == {0}
+    b._ups[1].models = ()  # has not said: may serve anything
+    assert {b._pick(r) for _ in range(6)} == {0, 1}
+    assert sorted(b.models()) == ["llama"]
+    b._ups[1].models = ("mistral",)
+    r.model = "gpt-4"
+    with pytest.raises(ServeError) as e:
+        b._admit(r)
+    assert (e.value.status, e.value.reason) == (404, "model")
+    r.model = "llama"
+    b._ups[0].health_ok = False  # the one serving llama is down: 503, though 1 is healthy
+    with pytest.raises(ServeError) as e:
+        b._admit(r)
+    assert (e.value.status, e.value.reason) == (503, "no_backend")

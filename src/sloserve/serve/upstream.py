@@ -431,7 +431,9 @@ class OpenAIUpstreamBackend(Backend):
         c = self.config
         if self._stopping:
             raise self._reject("the gateway is shutting down", 503, "shutdown", None)
-        if not any(u.healthy for u in self._ups):
+        if not any(self._serves(u, req) for u in self._ups):
+            raise self._reject(f"no upstream serves model {req.model!r}", 404, "model", None)
+        if not self._any_healthy(req):
             raise self._no_backend()
         ahead = self.queue_size
         has_slot = any(self._available(i) for i in range(len(self._ups)))
@@ -455,13 +457,25 @@ class OpenAIUpstreamBackend(Backend):
         u = self._ups[i]
         return u.health_ok and u.breaker.available() and u.in_flight < self.config.max_concurrency
 
+    def _serves(self, u: _Upstream, req: GenerationRequest) -> bool:
+        """Whether ``u`` serves ``req``'s model, as far as its ``/v1/models`` said (upstreams
+        that have not said are assumed to serve everything)."""
+        return not u.models or req.model in u.models
+
+    def _any_healthy(self, req: GenerationRequest) -> bool:
+        return any(u.healthy and self._serves(u, req) for u in self._ups)
+
     def _pick(self, req: GenerationRequest, avoid: frozenset[int] = frozenset()) -> int | None:
         """An upstream with a free slot for ``req`` by the router, or None."""
-        healthy_other = any(u.healthy and i not in avoid for i, u in enumerate(self._ups))
+        healthy_other = any(
+            u.healthy and i not in avoid and self._serves(u, req) for i, u in enumerate(self._ups)
+        )
         states = [
             dataclasses.replace(
                 self._state(u),
-                healthy=self._available(i) and not (healthy_other and i in avoid),
+                healthy=self._available(i)
+                and self._serves(u, req)
+                and not (healthy_other and i in avoid),
                 # This request's own prefill counts too (the SLO filter compares with its
                 # TTFT target).
                 predicted_ttft_s=(
@@ -516,7 +530,7 @@ class OpenAIUpstreamBackend(Backend):
                 if w.fut.done():
                     break
                 now = time.monotonic()
-                if not any(u.healthy for u in self._ups):
+                if not self._any_healthy(req):
                     w.fut.cancel()
                     raise self._no_backend()
                 if now - req.arrival > c.queue_timeout_s:
