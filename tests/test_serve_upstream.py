@@ -778,3 +778,33 @@ def test_requests_go_to_upstreams_serving_their_model() -> None:
     with pytest.raises(ServeError) as e:
         b._admit(r)
     assert (e.value.status, e.value.reason) == (503, "no_backend")
+
+
+def test_a_waiter_for_a_busy_model_does_not_block_others() -> None:
+    async def main() -> list[str]:
+        b = offline_backend(upstreams=("http://127.0.0.1:9", "http://127.0.0.1:10"))
+        b._ups[0].models, b._ups[1].models = ("llama",), ("mistral",)
+        blockers = []
+        for i, model in enumerate(("llama", "mistral")):
+            r = greq()
+            r.model = model
+            b._take(i, r)
+            blockers.append(r)
+        order: list[str] = []
+
+        async def one(model: str) -> None:
+            r = greq()
+            r.model = model
+            await b._acquire(r, frozenset())
+            order.append(model)
+
+        tasks = [asyncio.create_task(one(m)) for m in ("llama", "mistral")]
+        await asyncio.sleep(0.01)
+        b._release(1, blockers[1], True)  # only the mistral upstream frees a slot
+        await asyncio.sleep(0.01)
+        first = list(order)
+        b._release(0, blockers[0], True)
+        await asyncio.gather(*tasks)
+        return first
+
+    assert asyncio.run(main()) == ["mistral"]

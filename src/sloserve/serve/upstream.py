@@ -494,18 +494,31 @@ class OpenAIUpstreamBackend(Backend):
         self._idle.clear()
 
     def _pump(self) -> None:
-        """Give free slots to the queue's head, in queue order."""
-        while self._queue:
-            w = self._queue[0]
+        """Give free slots to waiting requests, in queue order.
+
+        Work-conserving: a waiter that no free upstream can take (its model is served only
+        by busy ones) does not block those behind it that can use a free slot.
+        """
+        while self._queue and self._queue[0].fut.done():
+            heapq.heappop(self._queue)
+        n = len(self._ups)
+        if not self._queue or not any(self._available(i) for i in range(n)):
+            return
+        granted = False
+        for w in sorted(self._queue):
             if w.fut.done():
-                heapq.heappop(self._queue)
                 continue
+            if not any(self._available(i) for i in range(n)):
+                break
             i = self._pick(w.req, w.avoid)
             if i is None:
-                return
-            heapq.heappop(self._queue)
+                continue
             self._take(i, w.req)
             w.fut.set_result(i)
+            granted = True
+        if granted:
+            self._queue = [w for w in self._queue if not w.fut.done()]
+            heapq.heapify(self._queue)
 
     async def _acquire(self, req: GenerationRequest, avoid: frozenset[int]) -> int:
         """Wait for a slot at some upstream; ServeError when waiting cannot succeed."""
