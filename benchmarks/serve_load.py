@@ -14,8 +14,11 @@ when the engine emitted it (the end of its iteration, mapped to monotonic time; 
 process dumps these per response id at shutdown, and CLOCK_MONOTONIC is system-wide) and
 when the consumer received it. The per-chunk **delivery delay** is received − emitted; the
 gateway's **overhead per chunk** is the HTTP run's delay percentiles minus the in-process
-run's. Also: tokens/s received, errors, peak RSS of the server process (VmHWM) and of this
-process, and the load average (the machine is shared).
+run's. Also: tokens/s received, errors, CPU seconds per chunk of the engine process (the
+server's from its start to its shutdown; in-process: engine plus consumers), peak RSS of
+the server process (VmHWM) and of this process, and the load average (the machine is
+shared: delays are wall-clock and grow when the processes do not get a core, while CPU per
+chunk is what the gateway costs).
 
 ``agreement``: a ShareGPT-like workload (``--workload``, Poisson arrivals) through
 ``experiments.runner.simulate`` and through the live gateway (requests sent at their
@@ -85,6 +88,7 @@ async def _in_process(args: argparse.Namespace) -> dict[str, Any]:
     be = EmulatedBackend(_config(args))
     be.log = []
     await be.start()
+    cpu = _cpu_s()
     received: dict[str, list[float]] = {}
     t0 = time.monotonic() + 0.1
     errors = 0
@@ -107,9 +111,13 @@ async def _in_process(args: argparse.Namespace) -> dict[str, Any]:
             errors += 1
 
     await asyncio.gather(*(one(i) for i in range(args.streams)))
+    cpu = _cpu_s() - cpu
     emitted = {rid: be.token_times(rep, r) for rid, rep, r in be.log}
     await be.stop(0)
-    return _delays("in-process", received, emitted, errors, t0)
+    res = _delays("in-process", received, emitted, errors, t0)
+    res["cpu_s"] = cpu
+    res["cpu_us_per_chunk"] = cpu / max(1, res["chunks"]) * 1e6
+    return res
 
 
 def _delays(
@@ -290,6 +298,8 @@ def load(args: argparse.Namespace) -> None:
         "time_scale": args.time_scale,
         "overhead_per_chunk_p50_ms": http["delay"]["p50_ms"] - inp["delay"]["p50_ms"],
         "overhead_per_chunk_p99_ms": http["delay"]["p99_ms"] - inp["delay"]["p99_ms"],
+        "server_cpu_overhead_us_per_chunk": http["server_cpu_us_per_chunk"]
+        - inp["cpu_us_per_chunk"],
         "client_peak_rss_mib": _peak_rss_mib(),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
