@@ -808,3 +808,12 @@ def test_a_waiter_for_a_busy_model_does_not_block_others() -> None:
         return first
 
     assert asyncio.run(main()) == ["mistral"]
+
+
+def test_stream_cut_before_its_first_token_is_retried(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.mode, f1.drop_after = "drop", 0  # 200 and headers, then dies before any token
+    cfg = UpstreamConfig(upstreams=(u1, u2), router="round-robin", health_interval_s=0)
+    chunks = run_backend(cfg, lambda b: collect(b, greq()))
+    assert sum(c.num_tokens for c in chunks) == 4 and chunks[-1].finish_reason == "length"
+    assert len(f1.bodies) == 1 and len(f2.bodies) == 1
