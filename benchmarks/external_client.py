@@ -124,9 +124,7 @@ def run(args: argparse.Namespace, guidellm: str) -> dict[str, Any]:
             extra = []
             if args.slow_upstream and k == n_up - 1 and not args.direct:
                 extra = ["--time-scale", str(args.slow_upstream)]
-            procs.append(
-                serve("--backend", "emulated", "--port", str(p), "--model", MODEL, *extra)
-            )
+            procs.append(serve("--backend", "emulated", "--port", str(p), "--model", MODEL, *extra))
         if args.direct:
             target = upstreams[0]
         else:
@@ -269,6 +267,7 @@ def main() -> None:
         if args.out is not None:
             with args.out.open("a") as f:
                 f.write(line + "\n")
+
 
 if __name__ == "__main__":
     main()

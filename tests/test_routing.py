@@ -84,7 +84,11 @@ def test_round_robin_rotates_and_skips_unhealthy() -> None:
 def test_least_loaded_picks_fewest_requests_then_least_kv() -> None:
     r = make_router("least-loaded")
     # Gateway count and engine count: the larger wins (b: 5 scraped > 1 in flight).
-    reps = [rep("a", in_flight=3), rep("b", in_flight=1, running=3, waiting=2), rep("c", in_flight=2)]
+    reps = [
+        rep("a", in_flight=3),
+        rep("b", in_flight=1, running=3, waiting=2),
+        rep("c", in_flight=2),
+    ]
     assert r.pick(greq(), reps) == 2
     # Equal load: less KV in use wins.
     reps = [rep("a", running=2, kv=0.9), rep("b", running=2, kv=0.3)]
@@ -152,7 +156,9 @@ def test_slo_aware_queue_estimate_without_prediction() -> None:
 
 
 def test_register_router_extension_and_duplicates() -> None:
-    register_router("test-kv-only", lambda seed: PipelineRouter([healthy_filter], [Scorer("kv", kv_score)]))
+    register_router(
+        "test-kv-only", lambda seed: PipelineRouter([healthy_filter], [Scorer("kv", kv_score)])
+    )
     try:
         r = make_router("test-kv-only")
         assert r.pick(greq(), [rep("a", kv=0.9, running=0), rep("b", kv=0.1, running=99)]) == 1

@@ -271,7 +271,9 @@ def test_gateway_process_in_front_of_emulated_upstreams(
     deadline = time.monotonic() + 10
     while True:
         resp = httpx.post(
-            gw + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=10
+            gw + "/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+            timeout=10,
         )
         if resp.status_code == 503 or time.monotonic() > deadline:
             break

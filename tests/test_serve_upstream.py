@@ -100,9 +100,17 @@ class FakeEngine:
         async def events() -> AsyncIterator[str]:
             try:
                 if chat:
-                    yield "data: " + json.dumps(
-                        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-                    ) + "\n\n"
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "choices": [
+                                    {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                                ]
+                            }
+                        )
+                        + "\n\n"
+                    )
                 for k in range(0, n, per):
                     if mode == "drop" and k >= drop_after:
                         raise RuntimeError("engine died")
@@ -205,7 +213,13 @@ def run_backend(cfg: UpstreamConfig, fn: Any) -> Any:
 def test_completions_stream_tokens_usage_and_forwarded_body(fakes: Any) -> None:
     (url, fe), _ = fakes
     cfg = UpstreamConfig(upstreams=(url,), health_interval_s=0)
-    body = {"model": "fake-model", "prompt": "hi", "slo": {"ttft_ms": 100}, "priority": 3, "stream": False}
+    body = {
+        "model": "fake-model",
+        "prompt": "hi",
+        "slo": {"ttft_ms": 100},
+        "priority": 3,
+        "stream": False,
+    }
     chunks = run_backend(cfg, lambda b: collect(b, greq(body=body, priority=3)))
     assert [c.text for c in chunks] == ["t", "t", "t", "t", ""]
     assert [c.num_tokens for c in chunks] == [1, 1, 1, 1, 0]

@@ -62,10 +62,7 @@ class CircuitBreaker:
     @property
     def state(self) -> BreakerState:
         """The current state; an open breaker whose cool-down has passed reads half-open."""
-        if (
-            self._state is BreakerState.OPEN
-            and self._clock() - self._opened_at >= self.open_s
-        ):
+        if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.open_s:
             self._state = BreakerState.HALF_OPEN
             self._probes = 0
         return self._state
