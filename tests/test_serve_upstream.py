@@ -831,3 +831,21 @@ def test_stream_cut_before_its_first_token_is_retried(fakes: Any) -> None:
     chunks = run_backend(cfg, lambda b: collect(b, greq()))
     assert sum(c.num_tokens for c in chunks) == 4 and chunks[-1].finish_reason == "length"
     assert len(f1.bodies) == 1 and len(f2.bodies) == 1
+
+
+def test_forward_slo_fields_to_sloserve_upstreams(fakes: Any) -> None:
+    from sloserve.core.request import QoESpec
+
+    (u1, f1), _ = fakes
+    r = greq(slo=SLO(ttft_s=0.25, deadline_s=4.0), cls=RequestClass.BE)
+    r.qoe = QoESpec(1.0, 5.0)
+    r.body = {"model": "fake-model", "prompt": "hi", "slo": {"ttft_ms": 999}}
+    run_backend(UpstreamConfig(upstreams=(u1,), health_interval_s=0), lambda b: collect(b, r))
+    assert not {"slo", "qoe", "request_class"} & set(f1.bodies[-1])
+    cfg = UpstreamConfig(upstreams=(u1,), health_interval_s=0, forward_slo=True)
+    run_backend(cfg, lambda b: collect(b, r))
+    sent = f1.bodies[-1]
+    # What the gateway resolved (body, headers, class defaults), not the raw body field.
+    assert sent["slo"] == {"ttft_ms": 250.0, "deadline_ms": 4000.0}
+    assert sent["qoe"] == {"ttft_s": 1.0, "tokens_per_s": 5.0}
+    assert sent["request_class"] == "be"

@@ -40,7 +40,9 @@ Choices (all parameters of :class:`UpstreamConfig`):
 - **Tokens.** One token per streamed chunk that carries text; the upstream's final
   ``usage.completion_tokens`` corrects the count on the last chunk when it is larger.
 - **Priority.** Forwarded in the body only with ``forward_priority`` (vLLM rejects a
-  non-zero priority unless started with ``--scheduling-policy priority``).
+  non-zero priority unless started with ``--scheduling-policy priority``). sloserve's own
+  fields (``slo``, ``qoe``, ``request_class``) are removed unless ``forward_slo`` (for
+  sloserve upstreams, whose per-instance policies use them).
 """
 
 from __future__ import annotations
@@ -131,6 +133,10 @@ class UpstreamConfig(BaseModel):
     """Timeout of one health check or scrape."""
     forward_priority: bool = False
     """Send the request's ``priority`` to the engine (vLLM's priority scheduling)."""
+    forward_slo: bool = False
+    """Send the request's ``request_class``, ``slo`` and ``qoe`` to the engine as sloserve's
+    body fields: for upstreams that are sloserve servers themselves (their policies, e.g.
+    Andes, use them); other engines may reject the unknown fields."""
     profile: str | None = None
     """Replica profile (``sloserve profiles``) whose cost model estimates TTFT and TPOT
     for EDF slack, SLO admission and the ``slo-aware`` router; ``None``: observed TTFTs."""
@@ -214,6 +220,24 @@ class _Waiter:
     fut: asyncio.Future[int] = field(compare=False)
     avoid: frozenset[int] = field(compare=False, default=frozenset())
     """Upstreams that already failed this request: used only when no other is healthy."""
+
+
+def sloserve_fields(req: GenerationRequest) -> dict[str, Any]:
+    """The request's class, SLO and QoE as sloserve's body fields (what the gateway resolved
+    from the body, the ``x-slo-*`` headers and the class defaults)."""
+
+    def ms(s: float | None) -> float | None:
+        return None if s is None else s * 1e3
+
+    out: dict[str, Any] = {"request_class": req.request_class.value}
+    slo = {"ttft_ms": ms(req.slo.ttft_s), "tpot_ms": ms(req.slo.tpot_s)}
+    slo["deadline_ms"] = ms(req.slo.deadline_s)
+    slo = {k: v for k, v in slo.items() if v is not None}
+    if slo:
+        out["slo"] = slo
+    if req.qoe is not None:
+        out["qoe"] = {"ttft_s": req.qoe.ttft_s, "tokens_per_s": req.qoe.tokens_per_s}
+    return out
 
 
 def _ewma(old: float | None, new: float) -> float:
@@ -647,6 +671,8 @@ class OpenAIUpstreamBackend(Backend):
             body["max_tokens"] = req.max_tokens
         if self.config.forward_priority:
             body["priority"] = req.priority
+        if self.config.forward_slo:
+            body.update(sloserve_fields(req))
         return body
 
     async def _stream(self, i: int, req: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
