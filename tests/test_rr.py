@@ -54,3 +54,12 @@ def test_rr_registered_and_validated() -> None:
         make_policy("rr", {"base": "edf"})
     with pytest.raises(ConfigError, match="unknown parameter"):
         make_policy("rr", {"turn": 1})
+
+
+def test_the_other_class_counts_toward_r_max() -> None:
+    inst = make_instance("rr", R_max=2, multi_step=False)
+    reqs = [req(0, 0.0, 8, 20, req_class=BE), req(1, 0.0, 8, 20, req_class=BE)]
+    reqs += [req(2, 0.005, 8, 3), req(3, 0.005, 8, 3)]
+    run(inst, reqs)  # would raise SchedulerViolation if RT admitted past R_max
+    assert all(r.is_finished for r in reqs)
+    assert max(inst.trace.running) <= 2

@@ -10,9 +10,11 @@ Allocation (§5.2):
   block, then new blocks "according to the maximum number of empty slots": fully free
   blocks first, then RT-only blocks with the most empty slots (the BE request becomes
   their right owner). A BE request never overwrites an RT slot.
-* **RT growth (FindPreemptBlock)**: the RT request continues in its last block, where it
-  may also take its BE peer's slots; then takes a free block; then preempts the BE-only
-  block with the most empty slots (it becomes the block's left owner).
+* **RT growth (FindPreemptBlock)**: the RT request continues in the empty slots of its
+  last block, then takes a free block; only when no free block is left ("if no GPU
+  blocks are available") does it take its BE peer's slots in its last block, then
+  preempt the BE-only block with the most empty slots (it becomes the block's left
+  owner, fills its empty slots, then overwrites).
 * **Lazy checkpointing**: when RT growth reaches BE slots, exactly the BE slots about to
   be overwritten are checkpointed to the CPU tier (never the BE request's whole KV), and
   the block is recorded in the **preemption table** ``{block: (rt, be)}``. Overwriting
@@ -92,6 +94,8 @@ class BidirectionalKVManager(KVCacheManager):
         """Tokens of wholly swapped-out requests."""
         self._is_rt: dict[int, bool] = {}
         self.preemption_table: dict[int, tuple[int, int]] = {}
+        self._pt_blocks: dict[int, set[int]] = {}
+        """Each request's blocks in the preemption table (to forget them in O(own))."""
         """Blocks where an RT request overwrote BE slots: block -> (rt, be)."""
         self.cpu = CPUSwapTier(cpu_blocks)
         self._cpu_slots = 0
@@ -119,6 +123,7 @@ class BidirectionalKVManager(KVCacheManager):
         c._swapped = self._swapped.copy()
         c._is_rt = self._is_rt.copy()
         c.preemption_table = self.preemption_table.copy()
+        c._pt_blocks = {k: v.copy() for k, v in self._pt_blocks.items()}
         c.cpu = CPUSwapTier(self.cpu.capacity_blocks)
         c.cpu.used_blocks = self.cpu.used_blocks
         c._cpu_slots = self._cpu_slots
@@ -126,7 +131,30 @@ class BidirectionalKVManager(KVCacheManager):
         c.checkpointed_total = self.checkpointed_total
         return c
 
+    def _surely_fits(self, ops: Sequence[KVOp]) -> bool:
+        """A sufficient condition, O(ops): swap-outs fit the CPU tier in turn, and every
+        growth (with restores of checkpointed slots), rounded up to whole blocks, fits
+        the fully free blocks alone."""
+        cpu = self._cpu_room()
+        bs = self.block_size
+        blocks = 0
+        for op, rid, n in ops:
+            if op == "swap_out":
+                g = self.gpu_tokens(rid)
+                if g > cpu:
+                    return False
+                cpu -= g
+            elif op == "grow":
+                blocks += -(-(n + self._ckpt.get(rid, 0)) // bs)
+                if self._is_rt.get(rid, True) and self.shares_last_block(rid):
+                    blocks += 1  # it may overwrite BE slots that a later grow restores
+            elif op == "swap_in":
+                blocks += -(-self._swapped.get(rid, 0) // bs)
+        return blocks <= len(self._free)
+
     def dry_run(self, ops: Sequence[KVOp]) -> str | None:
+        if self._surely_fits(ops):
+            return None
         trial = self.clone()
         for i, (op, rid, n) in enumerate(ops):
             err = trial.apply_op(op, rid, n)
@@ -177,6 +205,14 @@ class BidirectionalKVManager(KVCacheManager):
             return -(-self._swapped[req_id] // self.block_size)
         return -(-self._ckpt.get(req_id, 0) // self.block_size)
 
+    def shares_last_block(self, req_id: int) -> bool:
+        """Whether the request's last block has a peer on the other side."""
+        table = self._tables.get(req_id)
+        if not table:
+            return False
+        b = table[-1]
+        return self.left[b] != _NONE and self.right[b] != _NONE
+
     def num_request_blocks(self, req_id: int) -> int:
         table = self._tables.get(req_id)
         return len(table) if table is not None else 0
@@ -187,10 +223,7 @@ class BidirectionalKVManager(KVCacheManager):
         if not table:
             return 0
         b = table[-1]
-        bs = self.block_size
-        if rt:
-            return bs - self.lcount[b] - max(0, self.rcount[b] - cpu_room)
-        return bs - self.lcount[b] - self.rcount[b]
+        return self.block_size - self.lcount[b] - self.rcount[b]
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         """Fully free blocks the request would take (an upper bound: RT requests may
@@ -261,7 +294,11 @@ class BidirectionalKVManager(KVCacheManager):
         self._cpu_add(k)
         self._transfer += k
         self.checkpointed_total += k
-        self.preemption_table[b] = (self.left[b], be)
+        self._forget_block(b)
+        entry = (self.left[b], be)
+        self.preemption_table[b] = entry
+        for rid in entry:
+            self._pt_blocks.setdefault(rid, set()).add(b)
         if self.rcount[b] == 0:
             self.right[b] = _NONE
             self._tables[be].remove(b)
@@ -272,37 +309,27 @@ class BidirectionalKVManager(KVCacheManager):
         return self._capacity(req_id, rt, k)
 
     def _capacity(self, rid: int, rt: bool, k: int) -> bool:
-        """Whether ``k`` more slots fit (same rules as :meth:`_grow`, without changes)."""
+        """Whether ``k`` more slots fit (the rules of :meth:`_grow`, without changes).
+
+        O(block size): the total room does not depend on the order in which
+        :meth:`_grow` takes blocks, only on the empty slots and the CPU room.
+        """
         cpu = self._cpu_room()
         bs = self.block_size
         room = self._room_last(rid, rt, cpu)
         if room >= k:
             return True
-        if rt:
-            table = self._tables.get(rid)
-            if table:  # the last block was used up, overwriting what the CPU could take
-                cpu -= min(self.rcount[table[-1]], max(0, cpu))
-            room += len(self._free) * bs
-            if room >= k:
-                return True
-            # BE-only blocks, most empty first; each may also be overwritten (CPU room).
-            for e in range(bs, 0, -1):
-                for _b in self._be_only[e]:
-                    take = e + min(bs - e, max(0, cpu))
-                    cpu -= take - e
-                    room += take
-                    if room >= k:
-                        return True
-            for _b in self._be_only[0]:
-                take = min(bs, max(0, cpu))
-                cpu -= take
-                room += take
-                if room >= k:
-                    return True
-            return False
         room += len(self._free) * bs
         if room >= k:
             return True
+        if rt:
+            table = self._tables.get(rid)
+            overwritable = self.rcount[table[-1]] if table else 0
+            empty = 0
+            for e, bucket in enumerate(self._be_only):
+                empty += e * len(bucket)
+                overwritable += (bs - e) * len(bucket)
+            return room + empty + min(max(0, cpu), overwritable) >= k
         for e in range(bs, 0, -1):
             room += e * len(self._rt_only[e])
             if room >= k:
@@ -316,28 +343,22 @@ class BidirectionalKVManager(KVCacheManager):
         while k > 0:
             if table:
                 b = table[-1]
-                if rt:
-                    empty = bs - self.lcount[b] - self.rcount[b]
-                    over = max(0, min(k - empty, self.rcount[b], self._cpu_room()))
-                    take = min(k, empty + over)
-                    if take > 0:
-                        self._unindex(b)
-                        if take > empty:
-                            self._overwrite(b, take - empty)
+                empty = bs - self.lcount[b] - self.rcount[b]
+                take, over = min(k, empty), 0
+                if rt and take == 0 and not self._free:
+                    # No GPU block available: preempt the peer's slots (checkpointed).
+                    take = over = min(k, self.rcount[b], self._cpu_room())
+                if take > 0:
+                    self._unindex(b)
+                    if over:
+                        self._overwrite(b, over)
+                    if rt:
                         self.lcount[b] += take
-                        self._index(b)
-                        k -= take
-                        if k == 0:
-                            return
-                else:
-                    take = min(k, bs - self.lcount[b] - self.rcount[b])
-                    if take > 0:
-                        self._unindex(b)
+                    else:
                         self.rcount[b] += take
-                        self._index(b)
-                        k -= take
-                        if k == 0:
-                            return
+                    self._index(b)
+                    k -= take
+                    continue
             # a new block
             if self._free:
                 b = self._pick_free()
@@ -375,7 +396,7 @@ class BidirectionalKVManager(KVCacheManager):
         return self._tables[req_id][before:]
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
-        ops = [("grow", r, n_new_tokens) for r in req_ids]
+        ops: list[KVOp] = [("grow", r, n_new_tokens) for r in req_ids]
         if self.dry_run(ops) is not None:
             return False
         for r in req_ids:
@@ -406,9 +427,19 @@ class BidirectionalKVManager(KVCacheManager):
             self._index(b)
         return slots
 
+    def _forget_block(self, b: int) -> None:
+        entry = self.preemption_table.pop(b, None)
+        if entry is not None:
+            for rid in entry:
+                blocks = self._pt_blocks.get(rid)
+                if blocks is not None:
+                    blocks.discard(b)
+                    if not blocks:
+                        del self._pt_blocks[rid]
+
     def _forget_preemptions(self, rid: int) -> None:
-        if self.preemption_table:
-            self.preemption_table = {b: p for b, p in self.preemption_table.items() if rid not in p}
+        for b in list(self._pt_blocks.get(rid, ())):
+            self._forget_block(b)
 
     def free(self, req_id: int) -> int:
         blocks = self.num_request_blocks(req_id)
@@ -500,6 +531,9 @@ class BidirectionalKVManager(KVCacheManager):
             raise KVInvariantError(f"CPU tier holds {cpu} slots, counter says {self._cpu_slots}")
         if self.cpu.used_blocks != -(-cpu // bs):
             raise KVInvariantError("the CPU tier's block counter is stale")
+        index = {(r, b) for r, blocks in self._pt_blocks.items() for b in blocks}
+        if index != {(r, b) for b, p in self.preemption_table.items() for r in p}:
+            raise KVInvariantError("the preemption table's index is stale")
         for b, (rt_id, be_id) in self.preemption_table.items():
             if self.left[b] != rt_id or be_id not in self._ckpt:
                 raise KVInvariantError(f"preemption table entry {b}: {(rt_id, be_id)} is stale")

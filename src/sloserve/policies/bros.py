@@ -52,8 +52,15 @@ Choices where the paper is silent (parameters of :class:`BROSConfig` where they 
   ``bros-nobicache`` (``preemption_mode``); nobody is evicted unless evicting all
   candidates makes room.
 * Ties among BE requests (equal ``M_j^cpu``): pending ones (KV on the GPU) before new
-  ones — the cheapest to continue first — then ``order`` (arrival by default). A new BE
-  request leaves ``watermark`` of the KV blocks free (0 by default).
+  ones — the cheapest to continue first — then ``order`` (arrival by default).
+* BE admission headroom: a new BE request must leave ``watermark`` (5%) of the KV blocks
+  free. The paper admits BE requests wherever FindBlock finds slots; with a closed-loop BE
+  batch larger than the cache, that fills every block with BE requests, RT growth then
+  checkpoints BE slots piecemeal (FindPreemptBlock spreads over many BE requests' last
+  blocks), the partially checkpointed BE requests cannot restore for lack of room, hold
+  their R_max slots and end up dropped. Measured (llama-2-7b-a100, ShareGPT RT at 8 req/s,
+  BE batches of 256, 60 s): watermark 0.02 -> 67 BE requests finished, 0.05 -> 465,
+  0.1 -> 473, with RT TTFT attainment 0.99 -> 0.98.
 * Without ``chunked_prefill`` (the default, as the paper's Orca-style selective batching)
   a prompt runs whole; a prefill that does not fit C or P is a failed fit (stops the RT
   loop, or triggers replacement in the BE loop) like a time or size failure.
@@ -84,7 +91,7 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.engine.kv import KVCacheManager
+from sloserve.engine.kv import KVCacheManager, KVOp
 from sloserve.engine.kv_bidirectional import BidirectionalKVManager
 
 _INF = math.inf
@@ -110,7 +117,7 @@ class BROSConfig:
     order: Literal["fcfs", "priority", "input", "output"] = "fcfs"
     """Tie-break among BE requests with equal checkpointed blocks (after pending ones):
     arrival, priority, shortest input or shortest predicted output first."""
-    watermark: float = 0.0
+    watermark: float = 0.05
     """Fraction of KV blocks a newly admitted BE request must leave free (vLLM's watermark),
     so that arriving RT requests find room without dropping anyone."""
     chunked_prefill: bool = False
@@ -268,47 +275,97 @@ class _Plan:
 
 class _SharedPlan(_Plan):
     """Plans on a copy of the bidirectional manager, where what fits depends on which
-    blocks were taken before. Candidates are placed on the copy in the order the policy
-    adds them; :meth:`finalize` replays the final batch in the instance's order and drops
-    what does not fit then (rare: the orders differ only between prefills and decodes)."""
+    blocks were taken before. While everything planned fits the fully free blocks alone
+    (each request's tokens rounded up to whole blocks), it only counts; after that,
+    candidates are placed on a copy in the order the policy adds them. :meth:`finalize`
+    checks the final batch in the instance's order (exactly, with the manager's dry run)
+    and drops what does not fit then (rare: the two orders differ only between prefills
+    and decodes)."""
 
     def __init__(self, kv: BidirectionalKVManager, **kw: Any) -> None:
         super().__init__(kv=kv, **kw)
         self.bkv = kv
-        self.sim = kv.clone()
+        self._sim: BidirectionalKVManager | None = None
+        self._log: list[tuple[str, Request, int]] = []
+        self._blocks = 0
+        self.placed: set[int] = set()
+
+    @property
+    def sim(self) -> BidirectionalKVManager:
+        """The copy, made (and the plan so far replayed on it) on first use."""
+        if self._sim is None:
+            sim = self.bkv.clone()
+            for op, r, n in self._log:
+                if op == "take":
+                    self._place(sim, r, n)
+                elif op == "swap_out":
+                    sim.swap_out(r.req_id)
+                else:
+                    sim.free(r.req_id)
+            self._sim = sim
+        return self._sim
+
+    @staticmethod
+    def _place(sim: BidirectionalKVManager, r: Request, n: int) -> None:
+        if r.status is _SWAPPED:
+            sim.swap_in(r.req_id)
+        if sim.allocate(r.req_id, n) is None:  # fits() said yes: a bug
+            raise RuntimeError(f"BROS plan: request {r.req_id} does not fit after all")
 
     def need(self, r: Request, n: int) -> int:
         return n  # tokens: placement, not a block count, decides
 
-    def _fits_sim(self, sim: BidirectionalKVManager, r: Request, n: int) -> bool:
-        rid = r.req_id
-        rt = r.req_class is not RequestClass.BE
+    @staticmethod
+    def _slots_for(kv: BidirectionalKVManager, r: Request, n: int) -> int:
         if r.status is _SWAPPED:
-            return sim.fits(rid, rt, r.num_computed_tokens + n)
-        return sim.fits(rid, rt, n + sim.checkpointed_tokens(rid))
+            return r.num_computed_tokens + n
+        return n + kv.checkpointed_tokens(r.req_id)
+
+    def _bound_blocks(self, r: Request, n: int) -> int:
+        """Fully free blocks that surely hold ``r``'s growth, plus one when an RT request
+        shares its last block with a BE request (whose slots it may overwrite: restoring
+        them later takes at most one block per overwriting RT request)."""
+        kv = self.bkv
+        blocks = -(-self._slots_for(kv, r, n) // kv.block_size)
+        if r.req_class is not RequestClass.BE and kv.shares_last_block(r.req_id):
+            blocks += 1
+        return blocks
+
+    def _fits_sim(self, sim: BidirectionalKVManager, r: Request, n: int) -> bool:
+        rt = r.req_class is not RequestClass.BE
+        return sim.fits(r.req_id, rt, self._slots_for(sim, r, n))
 
     def fits(self, r: Request, need: int, reserve: int = 0) -> bool:
-        if not self._slot_ok(r) or not self._fits_sim(self.sim, r, need):
+        if not self._slot_ok(r):
             return False
-        return (
-            reserve == 0
-            or self.sim.num_free_blocks - self.sim.blocks_needed(r.req_id, need) >= reserve
-        )
+        bkv = self.bkv
+        if self._sim is None:
+            blocks = self._blocks + self._bound_blocks(r, need)
+            if blocks + reserve <= bkv.num_free_blocks:
+                return True  # the free blocks alone hold everything planned
+        sim = self.sim
+        if not self._fits_sim(sim, r, need):
+            return False
+        return reserve == 0 or sim.num_free_blocks - sim.blocks_needed(r.req_id, need) >= reserve
 
     def take(self, r: Request, need: int) -> None:
-        if r.status is _SWAPPED:
-            self.sim.swap_in(r.req_id)
-        if self.sim.allocate(r.req_id, need) is None:  # fits() said yes: a bug
-            raise RuntimeError(f"BROS plan: request {r.req_id} does not fit after all")
+        if r.req_id not in self.placed:  # a replaced RT request put back is placed already
+            self.placed.add(r.req_id)
+            if self._sim is None:
+                self._blocks += self._bound_blocks(r, need)
+                self._log.append(("take", r, need))
+            else:
+                self._place(self._sim, r, need)
         if r.status is not _RUNNING:
             self.n_running += 1
 
     def give_back(self, r: Request, need: int) -> None:
-        # The copy keeps the placement (conservative); finalize() replays exactly.
+        # The placement stays (conservative); finalize() checks the batch exactly.
         if r.status is not _RUNNING:
             self.n_running -= 1
 
     def _mode(self, victim: Request, mode: PreemptionMode) -> PreemptionMode:
+        mode = super()._mode(victim, mode)  # the instance's block-count check of the CPU
         if mode is PreemptionMode.SWAP and not self.sim.can_swap_out(victim.req_id):
             return PreemptionMode.RECOMPUTE
         return mode
@@ -325,40 +382,48 @@ class _SharedPlan(_Plan):
         self.n_running -= 1
 
     def room_after(self, cand: Request, need: int, victims: Sequence[Request]) -> bool:
+        # Approximate (freed BE slots in a block of another RT request are not the
+        # candidate's): whether the candidate fits in what the victims' GPU slots free.
         slots = self.n_running + (0 if cand.status is _RUNNING else 1) - len(victims)
         if slots > self.max_running:
             return False
-        trial = self.sim.clone()
-        for v in victims:
-            trial.free(v.req_id)  # room-wise, a swap-out frees the same GPU slots
-        return self._fits_sim(trial, cand, need)
+        sim = self.sim
+        freed = sum(sim.gpu_tokens(v.req_id) for v in victims)
+        rt = cand.req_class is not RequestClass.BE
+        return sim.fits(cand.req_id, rt, max(0, self._slots_for(sim, cand, need) - freed))
 
     def finalize(
         self, chosen: list[_Cand], swap_in: list[Request]
     ) -> tuple[list[_Cand], list[Request]]:
         chosen = list(chosen)
         while True:
-            sim = self.bkv.clone()
-            for v, m in self.preempt:
-                if m is PreemptionMode.SWAP:
-                    sim.swap_out(v.req_id)
-                else:
-                    sim.free(v.req_id)
-            bad: _Cand | None = None
-            for c in chosen:
-                if c.req.status is _SWAPPED and sim.swap_in(c.req.req_id) is None:
-                    bad = c
-                    break
-            if bad is None:
-                order = [c for c in chosen if not _is_decode(c.req)]
-                order += [c for c in chosen if _is_decode(c.req)]
-                for c in order:
-                    if sim.allocate(c.req.req_id, c.n) is None:
-                        bad = c
-                        break
-            if bad is None:
+            ops: list[KVOp] = [
+                ("swap_out" if m is PreemptionMode.SWAP else "free", v.req_id, 0)
+                for v, m in self.preempt
+            ]
+            ops += [("swap_in", c.req.req_id, 0) for c in chosen if c.req.status is _SWAPPED]
+            ops += [("grow", c.req.req_id, c.n) for c in chosen if not _is_decode(c.req)]
+            ops += [("grow", c.req.req_id, c.n) for c in chosen if _is_decode(c.req)]
+            if self.bkv.dry_run(ops) is None:
                 return chosen, [c.req for c in chosen if c.req.status is _SWAPPED]
-            chosen.remove(bad)
+            chosen.remove(self._first_misfit(chosen))
+
+    def _first_misfit(self, chosen: list[_Cand]) -> _Cand:
+        sim = self.bkv.clone()
+        for v, m in self.preempt:
+            if m is PreemptionMode.SWAP:
+                sim.swap_out(v.req_id)
+            else:
+                sim.free(v.req_id)
+        for c in chosen:
+            if c.req.status is _SWAPPED and sim.swap_in(c.req.req_id) is None:
+                return c
+        order = [c for c in chosen if not _is_decode(c.req)]
+        order += [c for c in chosen if _is_decode(c.req)]
+        for c in order:
+            if sim.allocate(c.req.req_id, c.n) is None:
+                return c
+        raise RuntimeError("BROS plan: the dry run failed but every operation fits")
 
 
 # --------------------------------------------------------------------------- policy
@@ -606,21 +671,10 @@ class BROSScheduler(Scheduler):
             d.add(c, d.rt_ready)
 
         watermark = int(cfg.watermark * kv.num_blocks)
-        for r in self._be_order(view):  # lines 16-33: pack BE requests, or replace RT
-            if r.req_id in plan.gone:
-                continue
-            n = self._size(r, d.budget_c, d.budget_p)
-            swap = r.num_computed_tokens if r.status is _SWAPPED else 0
-            need = plan.need(r, n) if n else 0
-            if (
-                n
-                and len(d.rt_ready) + len(d.be_ready) < d.b_curr
-                and d.cost.time(r, n, swap) <= t_min
-                and plan.fits(r, need, watermark if r.status is not _RUNNING else 0)
-            ):
-                d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
-            elif not self._replace(r, d):
-                break
+        be_order = self._be_order(view)
+        self._pack_be(be_order, d, watermark)
+        if not d.rt_ready and not d.be_ready and len(be_order) > 1:
+            self._unjam(view, d, be_order, watermark)
 
         # Adaptive batch size (§4.2): back off on a predicted miss, grow while no RT.
         if missed:
@@ -638,6 +692,47 @@ class BROSScheduler(Scheduler):
         self._last_start = now if batch or plan.preempt else None
         self._iters_seen = len(view.iter_end)
         return SchedulerOutput(batch, tuple(plan.preempt), tuple(swap_in))
+
+    def _pack_be(self, be_order: list[Request], d: _Decision, watermark: int) -> None:
+        """Algorithm 1 lines 16-33: pack BE requests, or let them replace RT requests."""
+        plan = d.plan
+        for r in be_order:
+            if r.req_id in plan.gone or r.req_id in d.in_batch:
+                continue
+            n = self._size(r, d.budget_c, d.budget_p)
+            swap = r.num_computed_tokens if r.status is _SWAPPED else 0
+            need = plan.need(r, n) if n else 0
+            if (
+                n
+                and len(d.rt_ready) + len(d.be_ready) < d.b_curr
+                and d.cost.time(r, n, swap) <= d.t_min
+            ):
+                if plan.fits(r, need, watermark if r.status is not _RUNNING else 0):
+                    d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
+                else:
+                    # FindBlock failed. Unlike the size and time budgets, memory is not
+                    # monotone over the BE order (each request needs different room):
+                    # try replacing, else skip this one rather than stop.
+                    self._replace(r, d)
+            elif not self._replace(r, d):
+                break
+
+    def _unjam(
+        self, view: InstanceView, d: _Decision, be_order: list[Request], watermark: int
+    ) -> None:
+        """Nothing at all fits: BE requests wait for room that only other BE requests hold
+        (e.g. partially checkpointed ones that cannot restore). Drop BE requests not in the
+        batch, most checkpointed first, until another one can run; without this the replica
+        would deadlock once no RT request is left to finish and free memory."""
+        ckpt = getattr(view.kv, "checkpointed_tokens", None)
+        victims = [r for r in reversed(view.running) if r.req_class is RequestClass.BE]
+        if ckpt is not None:
+            victims.sort(key=lambda r: -ckpt(r.req_id))
+        for v in victims[:-1]:  # keep one: a batch of preemptions only would be empty
+            d.plan.evict(v, self.drop_mode)
+            self._pack_be(be_order, d, watermark)
+            if d.be_ready:
+                return
 
     def _replace(self, r: Request, d: _Decision) -> bool:
         """Algorithm 1 lines 40-53: swap the least urgent RT request of the batch for BE
@@ -675,14 +770,18 @@ class BROSScheduler(Scheduler):
         """Progressive dropping (§5.2) to make room for RT request ``cand``: BE requests not
         in the batch (newest first), then less urgent RT requests (most residual first).
         Evicts only when evicting every eligible victim would make room."""
-        victims: list[Request] = []
-        for r in reversed(view.running):
-            if (
-                r.req_class is RequestClass.BE
-                and r.req_id not in in_batch
-                and r.req_id not in plan.gone
-            ):
-                victims.append(r)
+        ckpt = getattr(view.kv, "checkpointed_tokens", None)
+        victims: list[Request] = [
+            r
+            for r in reversed(view.running)
+            if r.req_class is RequestClass.BE
+            and r.req_id not in in_batch
+            and r.req_id not in plan.gone
+        ]
+        if ckpt is not None:
+            # Partially checkpointed BE requests first: they cannot run until their slots
+            # come back, and dropping them frees CPU room for further lazy checkpoints.
+            victims.sort(key=lambda r: -ckpt(r.req_id))
         rank = (residual, cand.arrival, cand.req_id)
         for c in reversed(rt_sorted):
             r = c.req

@@ -95,15 +95,24 @@ class RoundRobinScheduler(Scheduler):
         return d
 
     def _class_view(self, view: InstanceView, cls: RequestClass) -> InstanceView:
+        running = _of(view.running, cls)
+        # The other class's running requests hold R_max slots too.
+        room = view.limits.max_running - (len(view.running) - len(running))
+        limits = view.limits
+        waiting, swapped = _of(view.waiting, cls), _of(view.swapped, cls)
+        if room < 1:
+            waiting, swapped = [], []  # nobody can join (and Limits needs R_max >= 1)
+        elif room != limits.max_running:
+            limits = dataclasses.replace(limits, max_running=room)
         sub = InstanceView(
             instance_id=view.instance_id,
-            waiting=_of(view.waiting, cls),
-            running=_of(view.running, cls),
-            swapped=_of(view.swapped, cls),
+            waiting=waiting,
+            running=running,
+            swapped=swapped,
             kv=view.kv,
             cost_model=view.cost_model,
             predictor=view.predictor,
-            limits=view.limits,
+            limits=limits,
             iter_end=view.iter_end,
         )
         sub.now = view.now
