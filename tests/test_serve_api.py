@@ -610,3 +610,32 @@ def test_cli_serve_bad_options(args: list[str], message: str) -> None:
     assert result.exit_code != 0
     assert isinstance(result.exception, SloserveError), result.output
     assert message in str(result.exception)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_while_queued_leaves_the_engine(stream: bool) -> None:
+    """A client that gives up before its first token (queued behind R_max) is removed from
+    the engine's queue at once, not when its turn comes."""
+    from sloserve.experiments.runner import InstanceConfig
+
+    icfg = InstanceConfig(profile="llama-2-7b@a100-80gb", max_running=1)
+    with live_server(instance=icfg, time_scale=1.0) as srv:
+        be = srv.backend
+        assert isinstance(be, EmulatedBackend)
+        url = f"{srv.base_url}/completions"
+        long = {"model": MODEL, "prompt": "hi", "max_tokens": 300, "stream": True}
+        with httpx.Client(timeout=10) as c1, c1.stream("POST", url, json=long) as r1:
+            lines = r1.iter_lines()
+            next(lines)  # the first request runs (R_max = 1)
+            with pytest.raises(httpx.ReadTimeout):  # the second waits, and its client leaves
+                httpx.post(url, json={**long, "stream": stream}, timeout=0.3)
+            deadline = time.monotonic() + 3
+            while be.replicas()[0].waiting or be.replicas()[0].in_flight > 1:
+                assert time.monotonic() < deadline, be.replicas()
+                time.sleep(0.01)
+            (inst,) = be.instances()
+            (gone,) = inst.done
+            assert gone.status.name == "ABORTED" and gone.num_output_tokens == 0
+            assert inst.running[0].num_output_tokens < 300  # the first is still streaming
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        assert 'sloserve_requests_total{class="rt",status="cancelled"}' in text

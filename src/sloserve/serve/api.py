@@ -31,11 +31,12 @@ Graceful shutdown: uvicorn stops accepting and waits for open streams
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 from fastapi import FastAPI, Request
@@ -59,6 +60,8 @@ from sloserve.serve.schemas import (
     unsupported_params,
 )
 from sloserve.workloads.spec import SLO_PRESETS
+
+T = TypeVar("T")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` of the legacy completions endpoint."""
@@ -361,7 +364,11 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         cls = greq.request_class.value
         agen = backend.generate(greq)
         try:
-            first = await agen.__anext__()
+            first = await _unless_disconnected(request, agen.__anext__())
+        except _Disconnected:
+            # Gone while queued: the backend's generator was cancelled and freed its slot.
+            metrics.count("cancelled", cls)
+            return Response(status_code=499)
         except ServeError as e:
             metrics.count(status_of_http(e.status), cls)
             raise _serve_error(e) from None
@@ -389,7 +396,12 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                 media_type="text/event-stream",
                 headers={**headers, "cache-control": "no-cache"},
             )
-        return await _full(stream, agen, factory, rec, greq.prompt_tokens, headers)
+        try:
+            return await _unless_disconnected(
+                request, _full(stream, agen, factory, rec, greq.prompt_tokens, headers)
+            )
+        except _Disconnected:
+            return Response(status_code=499)
 
     async def _sse_events(
         stream: AsyncIterator[TokenChunk],
@@ -474,6 +486,35 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         return await _generate(body, request, chat=True)
 
     return app
+
+
+class _Disconnected(Exception):
+    """The client closed the connection before the response started."""
+
+
+async def _unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
+    """Await ``aw`` unless the client disconnects first; then cancel it (the backend's
+    generator runs its cleanup: the request leaves the engine or the upstream) and raise
+    :class:`_Disconnected`. Without this, a request waiting for its first token, or a
+    non-streaming one, would hold its place until it produced output nobody reads."""
+    task = asyncio.ensure_future(aw)
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():  # the client went away, or this handler was cancelled
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+    if task.cancelled():
+        raise _Disconnected
+    return task.result()
 
 
 def _finish(chunk: TokenChunk) -> str | None:
