@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from serve_helpers import emulated, live_server, replay_over_http
-from sloserve.core.request import Request, RequestStatus
+from sloserve.core.request import QoESpec, Request, RequestClass, RequestStatus
+from sloserve.engine.interface import InstanceView, Scheduler, SchedulerOutput
 from sloserve.experiments.runner import InstanceConfig, SimConfig, simulate
+from sloserve.policies.registry import policy_names
 from sloserve.serve.backend import GenerationRequest, ServeError, TokenChunk
 from sloserve.serve.emulated import EmulatedBackend
 from sloserve.serve.schemas import filler_text
@@ -200,3 +202,54 @@ def test_sim_and_live_agree() -> None:
     for col in ("ttft_s", "tpot_s"):
         s, v = float(sim[col].mean()), float(live[col].mean())
         assert v == pytest.approx(s, rel=0.10), (col, s, v)
+
+
+class _Stuck(Scheduler):
+    """Schedules nothing, ever: the engine raises StallError with work waiting."""
+
+    name = "stuck"
+
+    def schedule(self, view: InstanceView) -> SchedulerOutput:
+        return SchedulerOutput()
+
+
+def test_engine_error_ends_streams_explicitly() -> None:
+    async def main() -> None:
+        be = emulated(instance=CONST, time_scale=20.0)
+        await be.start()
+        (inst,) = be.instances()
+        good = inst.scheduler
+        inst.scheduler = _Stuck()
+        with pytest.raises(ServeError) as e:
+            await collect(be, greq())
+        assert (e.value.status, e.value.reason) == (500, "engine_error")
+        assert "StallError" in str(e.value)
+        assert inst.num_live == 0 and inst.kv.num_used_blocks == 0
+        inst.scheduler = good  # the replica keeps serving
+        assert len(await collect(be, greq(max_tokens=3))) == 3
+        await be.stop(0)
+
+    run(main())
+
+
+@pytest.mark.parametrize("policy", policy_names())
+def test_every_policy_serves_live(policy: str) -> None:
+    async def main() -> None:
+        be = emulated(policy=policy, time_scale=100.0)
+        await be.start()
+        reqs = [
+            greq(
+                prompt=40 + 7 * i,
+                max_tokens=12,
+                qoe=QoESpec(1.0, 5.0) if i % 2 else None,
+                request_class=RequestClass.BE if i % 3 == 0 else RequestClass.RT,
+            )
+            for i in range(5)
+        ]
+        outs = await asyncio.gather(*(collect(be, r) for r in reqs))
+        assert [len(o) for o in outs] == [12] * 5
+        (inst,) = be.instances()
+        assert inst.kv.num_used_blocks == 0
+        await be.stop(0)
+
+    run(main())

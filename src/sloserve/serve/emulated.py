@@ -32,6 +32,9 @@ Choices (parameters of :class:`EmulatedConfig`):
   queued, at the end of the in-flight iteration when it is in it), freeing its KV cache.
 * The engine's own rejection (the request can never fit the KV cache M under the policy)
   ends the stream with a 400 ``exceeds_kv_capacity`` before any token.
+* An exception from the engine (a policy that stalls with work waiting, a
+  ``SchedulerViolation``) ends every open stream of that replica with a 500
+  ``engine_error`` and resets the replica; it keeps serving new requests.
 * ``predicted_ttft_s`` of a replica is the cost model's prefill time of the prompt tokens
   queued there (the work ahead of a new request), for the ``slo-aware`` router.
 """
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -68,6 +72,8 @@ from sloserve.serve.backend import (
 )
 from sloserve.serve.schemas import filler_text
 from sloserve.workloads.lengths import LengthDist
+
+log = logging.getLogger("sloserve.serve")
 
 
 class EmulatedConfig(BaseModel):
@@ -139,12 +145,32 @@ class _Replica:
         env = self.env
         now = self.backend.sim_now() + self.backend.eps
         stepped = False
-        while env.peek() <= now:
-            env.step()
-            stepped = True
-        if stepped:
+        try:
+            while env.peek() <= now:
+                env.step()
+                stepped = True
+        except Exception as e:  # a policy that stalls or breaks a limit, or a bug
             self._emit()
+            self._fail(e)
+        else:
+            if stepped:
+                self._emit()
         self._arm()
+
+    def _fail(self, e: Exception) -> None:
+        """The engine raised: end every open stream with an explicit error and reset the
+        replica (its requests are aborted, their KV freed), so that nothing hangs."""
+        log.error("replica %s: %s: %s; its %d requests end with an error", self.name,
+                  type(e).__name__, e, len(self.streams))  # fmt: skip
+        err = ServeError(
+            f"engine error: {type(e).__name__}: {e}", status=500, reason="engine_error"
+        )
+        for s in self.streams.values():
+            if not s.finish:
+                s.finish = True
+                s.queue.put_nowait(err)
+        self.inst.abort_all()
+        self.ended.clear()
 
     def _arm(self) -> None:
         nxt = self.env.peek()
