@@ -77,7 +77,17 @@ def reproduce_bros(
     ] = None,
     be_batch_size: Annotated[
         int | None,
-        typer.Option("--be-batch-size", min=1, help="BE requests per closed-loop batch."),
+        typer.Option(
+            "--be-batch-size", min=1, help="BE requests per closed-loop batch (fixed size)."
+        ),
+    ] = None,
+    be_batch_seconds: Annotated[
+        float | None,
+        typer.Option(
+            "--be-batch-seconds",
+            min=0.1,
+            help="BE batch size in seconds of the replica's BE capacity (default: the plan's).",
+        ),
     ] = None,
     keep_going: Annotated[
         bool,
@@ -135,6 +145,8 @@ def reproduce_bros(
         plan = replace(plan, loads=_floats(loads, "--loads"))
     if be_batch_size is not None:
         plan = replace(plan, be_batch_size=be_batch_size)
+    if be_batch_seconds is not None:
+        plan = replace(plan, be_batch_s=be_batch_seconds, be_batch_size=None)
 
     with console.status("simulating…") as status:
 

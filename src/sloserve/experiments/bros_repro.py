@@ -6,9 +6,10 @@ Experiments, each a grid of runs (one policy on one replica over one workload):
   LMSYS-Chat-1M length statistics of BROS Table 2 (mixes ``sharegpt``, ``lmsys``) arriving
   as a Poisson process for ``duration_s``, with the SLO preset ``bros`` (TTFT 0.4 s, TPOT
   0.2 s); best-effort (BE) requests from the synthetic distribution (``be-synthetic``)
-  submitted in batches of ``be_batch_size``, the next batch when every request of the
-  previous one has completed (closed loop, until ``duration_s``). Reported per policy: RT
-  normalized latency, RT TTFT and TPOT SLO attainment, BE throughput.
+  submitted in batches (``be_batch_s`` seconds of the replica's BE work), the next batch
+  when every request of the previous one has completed (closed loop, until
+  ``duration_s``). Reported per policy: RT normalized latency, RT TTFT and TPOT SLO
+  attainment, BE throughput.
 * ``micro`` (§7.3, Figure 12): the pure-RT microbenchmark, RT requests only; normalized
   latency and throughput.
 * ``ablation`` (§7.4.1, Figure 13): ``bros`` against ``bros-nobicache`` (no bidirectional
@@ -32,10 +33,13 @@ Choices where the paper is vague (each is a field of :class:`Plan`):
   not assumed: the RT requests/s vLLM completes when ``capacity_n`` RT requests are queued
   at once.
 * **BE batches.** The paper does not give the batch size. A Batch-API job holds
-  thousands of requests; ``be_batch_size`` (1,024) is deep enough that the BE queue does
-  not run dry within a batch on our profiles (with 256, vLLM's FCFS queue empties between
-  batches and RT requests slip through). No gap between batches. The ``be_batch``
-  experiment shows the sensitivity.
+  thousands of requests, enough work to keep a replica busy for minutes. We size a batch
+  in seconds of the replica's BE work, ``be_batch_s`` (100 s; 50 s in the quick plan),
+  times its measured BE capacity (BE requests/s vLLM completes with ``capacity_n`` BE
+  requests queued at once): about 1,000 requests on Llama-2-7B/A100, 200 on
+  Llama-2-70B/2×A100, so that a batch is as deep, in time, on every profile, like the RT
+  rates. ``be_batch_size`` fixes the size instead. No gap between batches. The
+  ``be_batch`` experiment shows how much the gaps to vLLM depend on this choice.
 * **BE throughput** is the number of BE requests finished within the arrival window over
   the finish time of the last of them (``be_throughput_window_rps`` divides by the window
   instead). The run then drains, so that every RT request's latency is counted; BE
@@ -144,7 +148,10 @@ class Plan:
     """RT Poisson rates as fractions of the replica's measured RT capacity."""
     duration_s: float
     """Arrival window of RT requests and BE batches (the paper: 10-minute traces)."""
-    be_batch_size: int = 1024
+    be_batch_s: float = 100.0
+    """Size of a BE batch, in seconds of the replica's BE capacity."""
+    be_batch_size: int | None = None
+    """A fixed BE batch size (requests) instead of ``be_batch_s``."""
     hybrid_policies: tuple[str, ...] = HYBRID_POLICIES
     micro_policies: tuple[str, ...] = MICRO_POLICIES
     micro_loads: tuple[float, ...] = ()
@@ -154,9 +161,11 @@ class Plan:
     ablation_scenarios: tuple[Scenario, ...] = ()
     """Where the ablation runs: a replica whose KV memory the BE batches fill (the paper:
     OPT-30B on 4 GPUs at 10 req/s); on a roomy one both variants never preempt and agree."""
+    ablation_params: tuple[tuple[str, Any], ...] = ()
+    """Policy parameters of both ablation variants, e.g. ``(("watermark", 0.0),)``."""
     overhead_policies: tuple[str, ...] = OVERHEAD_POLICIES
-    be_batch_sizes: tuple[int, ...] = ()
-    """BE batch sizes of the ``be_batch`` sensitivity runs (empty: none)."""
+    be_batch_seconds: tuple[float, ...] = ()
+    """BE batch sizes (as ``be_batch_s``) of the ``be_batch`` sensitivity runs."""
     be_batch_policies: tuple[str, ...] = BE_BATCH_POLICIES
     be_batch_load: float = 0.3
     overhead_queued: tuple[int, ...] = (100, 1000)
@@ -170,17 +179,18 @@ class Plan:
     @staticmethod
     def quick(seed: int = 0) -> Plan:
         """Under 2 minutes on 2 busy cores: one profile with both mixes and a second
-        profile with ShareGPT, three rates, 45 s of arrivals."""
+        profile with ShareGPT, two rates, 30 s of arrivals, 50 s BE batches."""
         return Plan(
             scenarios=(
                 Scenario("llama-2-7b-a100", "sharegpt"),
                 Scenario("llama-2-7b-a100", "lmsys"),
                 Scenario("llama-2-70b-a100x2", "sharegpt"),
             ),
-            loads=(0.15, 0.3, 0.45),
-            duration_s=45.0,
+            loads=(0.2, 0.4),
+            duration_s=30.0,
+            be_batch_s=50.0,
             micro_loads=(0.6,),
-            be_batch_sizes=(64, 256, 1024),
+            be_batch_seconds=(5.0, 20.0),
             be_batch_policies=("bros", "vllm"),
             ablation_load=0.3,
             ablation_scenarios=(Scenario("llama-2-70b-a100x2", "sharegpt"),),
@@ -202,7 +212,7 @@ class Plan:
             loads=(0.1, 0.2, 0.3, 0.4, 0.5),
             duration_s=600.0,
             micro_loads=(0.2, 0.4, 0.6, 0.8, 1.0),
-            be_batch_sizes=(64, 256, 1024, 4096),
+            be_batch_seconds=(5.0, 20.0, 100.0, 400.0),
             ablation_load=0.3,
             ablation_scenarios=(
                 Scenario("llama-2-70b-a100x2", "sharegpt"),
@@ -255,6 +265,8 @@ class Run:
     seed: int
     max_running: int
     block_size: int
+    params: tuple[tuple[str, Any], ...] = ()
+    """Policy parameters (sorted name/value pairs)."""
 
     def config(self) -> SimConfig:
         spec: dict[str, Any] = {
@@ -274,6 +286,7 @@ class Run:
                 block_size=self.block_size,
             ),
             policy=self.policy,
+            policy_params=dict(self.params),
         )
 
 
@@ -296,43 +309,67 @@ def rt_capacity(
     return float(s["finished"] / s["simulated_seconds"])
 
 
-def plan_runs(plan: Plan, capacity: dict[Scenario, float]) -> list[Run]:
-    """Every simulation of the plan (the overhead benchmark is separate)."""
+def be_capacity(profile: str, *, n: int = 400, seed: int = 0, max_running: int = 256) -> float:
+    """BE requests/s vLLM completes when ``n`` BE requests (``be-synthetic``) are queued."""
+    return rt_capacity(Scenario(profile, "be-synthetic"), n=n, seed=seed, max_running=max_running)
+
+
+def batch_size(plan: Plan, be_cap: float, seconds: float | None = None) -> int:
+    """The BE batch size of a replica with BE capacity ``be_cap`` requests/s."""
+    if seconds is None and plan.be_batch_size is not None:
+        return plan.be_batch_size
+    return max(1, round((plan.be_batch_s if seconds is None else seconds) * be_cap))
+
+
+def plan_runs(
+    plan: Plan, capacity: dict[Scenario, float], be_cap: dict[str, float] | None = None
+) -> list[Run]:
+    """Every simulation of the plan (the overhead benchmark is separate). ``capacity`` is
+    each scenario's RT capacity, ``be_cap`` each profile's BE capacity (requests/s; needed
+    unless the plan fixes ``be_batch_size`` and has no ``be_batch`` sweep)."""
     runs: list[Run] = []
+
+    def bcap(profile: str) -> float:
+        if be_cap is None or profile not in be_cap:
+            raise ConfigError(f"no BE capacity for profile {profile!r}")
+        return be_cap[profile]
+
+    def size(profile: str) -> int:
+        if plan.be_batch_size is not None:
+            return plan.be_batch_size
+        return batch_size(plan, bcap(profile))
+
+    def add(
+        exp: str,
+        sc: Scenario,
+        pol: str,
+        load: float,
+        be: int | None,
+        params: tuple[tuple[str, Any], ...] = (),
+    ) -> None:
+        runs.append(
+            Run(exp, sc, pol, load, capacity[sc] * load, plan.duration_s, be, plan.seed,
+                plan.max_running, plan.block_size, params)
+        )  # fmt: skip
+
     for sc in plan.scenarios:
-        cap = capacity[sc]
-
-        def add(
-            exp: str, pol: str, load: float, be: int | None, sc: Scenario = sc, cap: float = cap
-        ) -> None:
-            runs.append(
-                Run(exp, sc, pol, load, cap * load, plan.duration_s, be, plan.seed,
-                    plan.max_running, plan.block_size)
-            )  # fmt: skip
-
         for pol in plan.hybrid_policies:
             for load in plan.loads:
-                add("hybrid", pol, load, plan.be_batch_size)
+                add("hybrid", sc, pol, load, size(sc.profile))
         for pol in plan.micro_policies:
             for load in plan.micro_loads:
-                add("micro", pol, load, None)
-    if plan.be_batch_sizes and plan.scenarios:
+                add("micro", sc, pol, load, None)
+    if plan.be_batch_seconds and plan.scenarios:
         sc = plan.scenarios[0]
         for pol in plan.be_batch_policies:
-            for size in plan.be_batch_sizes:
-                load = plan.be_batch_load
-                runs.append(
-                    Run("be_batch", sc, pol, load, capacity[sc] * load, plan.duration_s,
-                        size, plan.seed, plan.max_running, plan.block_size)
-                )  # fmt: skip
+            for secs in plan.be_batch_seconds:
+                add("be_batch", sc, pol, plan.be_batch_load,
+                    batch_size(plan, bcap(sc.profile), secs))  # fmt: skip
     if plan.ablation_load is not None:
+        params = tuple(sorted(plan.ablation_params))
         for sc in plan.ablation_scenarios:
             for pol in plan.ablation_policies:
-                load = plan.ablation_load
-                runs.append(
-                    Run("ablation", sc, pol, load, capacity[sc] * load, plan.duration_s,
-                        plan.be_batch_size, plan.seed, plan.max_running, plan.block_size)
-                )  # fmt: skip
+                add("ablation", sc, pol, plan.ablation_load, size(sc.profile), params)
     return runs
 
 
@@ -376,6 +413,7 @@ def execute(run: Run) -> dict[str, Any]:
         "profile": run.scenario.profile,
         "mix": run.scenario.mix,
         "policy": run.policy,
+        "params": json.dumps(dict(run.params)),
         "load": run.load,
         "rt_rate": run.rate,
         "be_batch_size": run.be_batch_size if has_be else math.nan,
@@ -701,9 +739,16 @@ def reproduce(
         sc: rt_capacity(sc, n=plan.capacity_n, seed=plan.seed, max_running=plan.max_running)
         for sc in dict.fromkeys((*plan.scenarios, *plan.ablation_scenarios))
     }
-    runs = plan_runs(plan, capacity)
+    profiles = dict.fromkeys(sc.profile for sc in (*plan.scenarios, *plan.ablation_scenarios))
+    be_cap = {
+        p: be_capacity(p, n=plan.capacity_n, seed=plan.seed, max_running=plan.max_running)
+        for p in profiles
+    }
+    runs = plan_runs(plan, capacity, be_cap)
     # the longest simulations first, so that no worker is left with one at the end
     runs.sort(key=lambda r: -(r.rate * r.duration_s + (r.be_batch_size or 0)))
+    if not runs and not plan.overhead_policies:
+        raise ConfigError("reproduce bros: the plan has nothing to run")
     jobs = [
         (pol, plan.overhead_profile, q, plan.overhead_iterations, plan.seed)
         for pol in plan.overhead_policies
@@ -744,7 +789,9 @@ def reproduce(
     rep.headline["plan"] = {
         "duration_s": plan.duration_s,
         "loads": list(plan.loads),
-        "be_batch_size": plan.be_batch_size,
+        "be_batch_s": plan.be_batch_s,
+        "be_batch_size": {p: batch_size(plan, c) for p, c in be_cap.items()},
+        "be_capacity_requests_per_s": be_cap,
         "seed": plan.seed,
     }
     rep.headline["gaps"] = list(GAPS)
