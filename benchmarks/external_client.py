@@ -10,7 +10,9 @@ recorded for the same requests: the mean of ``sloserve_request_ttft_seconds`` an
 counts before and after), at the gateway and, summed, at the upstreams (the gateway's own
 overhead is the difference). guidellm's ITL is (latency − TTFT) / (tokens − 1) per request,
 the same definition as the server's TPOT. ``--direct`` benchmarks one emulated server with
-no gateway.
+no gateway. Before guidellm, ``--probe N`` sequential requests from a plain httpx client
+measure the TTFT offset of the HTTP path itself (client clock vs server clock) without
+guidellm's own overhead.
 
 guidellm is not a dependency of sloserve (it brings PyTorch and transformers): install it in
 a throwaway virtual environment and point ``--guidellm`` at it::
@@ -105,6 +107,28 @@ def delta_mean_ms(
     return (s / n * 1e3 if n else math.nan), int(n)
 
 
+def probe(url: str, n: int, prompt_words: int) -> tuple[float, float]:
+    """Mean TTFT in ms of ``n`` sequential streams from a plain httpx client, as the client
+    and as the server measured it: the HTTP path's own offset, without guidellm."""
+    import httpx
+
+    body = {"model": MODEL, "prompt": "word " * prompt_words, "max_tokens": 8, "stream": True}
+    before = histogram_sums(url)
+    seen = []
+    with httpx.Client(timeout=30) as c:
+        for _ in range(n):
+            t0 = time.monotonic()
+            first = None
+            with c.stream("POST", url + "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if first is None and line.startswith("data:"):
+                        first = time.monotonic() - t0
+            if first is not None:
+                seen.append(first)
+    server, _ = delta_mean_ms(before, histogram_sums(url), "ttft")
+    return sum(seen) / max(1, len(seen)) * 1e3, server
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -163,6 +187,7 @@ def run(args: argparse.Namespace, guidellm: str) -> dict[str, Any]:
             "--output", f"kind=json,path={out_json}",
             "--disable-console-interactive",
         ]  # fmt: skip
+        probe_ms = probe(target, args.probe, args.prompt_words) if args.probe else None
         before = {u: histogram_sums(u) for u in {*upstreams, target}}
         t0 = time.monotonic()
         env = {**os.environ, "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}
@@ -209,6 +234,8 @@ def run(args: argparse.Namespace, guidellm: str) -> dict[str, Any]:
         if not args.direct and up_sum["ttft"][1]:
             result["upstream_ttft_ms"] = up_sum["ttft"][0] / up_sum["ttft"][1] * 1e3
             result["upstream_tpot_ms"] = up_sum["tpot"][0] / max(1.0, up_sum["tpot"][1]) * 1e3
+        if probe_ms is not None:
+            result["probe_client_ttft_ms"], result["probe_server_ttft_ms"] = probe_ms
         result["ttft_rel_diff"] = (result["guidellm_ttft_ms"] - gw_ttft) / gw_ttft
         result["itl_rel_diff"] = (result["guidellm_itl_ms"] - gw_tpot) / gw_tpot
         return result
@@ -235,6 +262,13 @@ def main() -> None:
     ap.add_argument("--prompt-words", type=int, default=100)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--direct", action="store_true", help="no gateway: one emulated server")
+    ap.add_argument(
+        "--probe",
+        type=int,
+        default=20,
+        help="sequential plain-httpx requests first, to measure the HTTP path's TTFT offset "
+        "(0: none)",
+    )
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -259,6 +293,11 @@ def main() -> None:
             f"{'ITL / TPOT mean (ms)':28}{r['guidellm_itl_ms']:12.2f}{r['server_tpot_ms']:12.2f}"
             f"{r['itl_rel_diff']:9.1%}"
         )
+        if "probe_client_ttft_ms" in r:
+            print(
+                f"{'probe TTFT, httpx (ms)':28}{r['probe_client_ttft_ms']:12.1f}"
+                f"{r['probe_server_ttft_ms']:12.1f}   (sequential, plain httpx client)"
+            )
         if "upstream_ttft_ms" in r:
             print(f"{'upstream TTFT mean (ms)':28}{'':12}{r['upstream_ttft_ms']:12.1f}")
             print(f"{'upstream TPOT mean (ms)':28}{'':12}{r['upstream_tpot_ms']:12.2f}")
