@@ -599,6 +599,8 @@ def test_cli_serve_process() -> None:
         (["--backend", "openai"], "--upstream"),
         (["--backend", "openai", "--upstream", "ftp://x"], "not an http"),
         (["--slo-preset", "gold"], "slo_preset"),
+        (["--admission", "maybe"], "admission"),
+        (["--admission", "none", "--max-queue", "3"], "max_queue needs"),
     ],
 )
 def test_cli_serve_bad_options(args: list[str], message: str) -> None:

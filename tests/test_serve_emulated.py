@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from serve_helpers import emulated, live_server, replay_over_http
-from sloserve.core.request import QoESpec, Request, RequestClass, RequestStatus
+from sloserve.core.request import SLO, QoESpec, Request, RequestClass, RequestStatus
 from sloserve.engine.interface import InstanceView, Scheduler, SchedulerOutput
 from sloserve.experiments.runner import InstanceConfig, SimConfig, simulate
 from sloserve.policies.registry import policy_names
@@ -250,6 +250,31 @@ def test_every_policy_serves_live(policy: str) -> None:
         assert [len(o) for o in outs] == [12] * 5
         (inst,) = be.instances()
         assert inst.kv.num_used_blocks == 0
+        await be.stop(0)
+
+    run(main())
+
+
+def test_slo_admission_refuses_what_cannot_be_met() -> None:
+    async def main() -> None:
+        icfg = InstanceConfig(profile="llama-2-7b@a100-80gb", max_running=1)
+        be = emulated(instance=icfg, time_scale=1.0, admission="slo")
+        await be.start()
+        prefill_2000 = be.instances()[0].cost_model.prefill_time(2000)  # ≈ 0.15 s
+        tight = SLO(ttft_s=prefill_2000 / 2)
+        with pytest.raises(ServeError) as e:  # even alone it cannot prefill in time
+            await collect(be, greq(prompt=2000, max_tokens=2, slo=tight))
+        assert (e.value.status, e.value.reason) == (429, "deadline")
+        assert "TTFT target" in str(e.value)
+        ok = SLO(ttft_s=prefill_2000 * 3)
+        assert len(await collect(be, greq(prompt=2000, max_tokens=2, slo=ok))) == 2
+        # a deadline shorter than 100 decode steps
+        with pytest.raises(ServeError) as e:
+            await collect(be, greq(prompt=10, max_tokens=100, slo=SLO(deadline_s=0.05)))
+        assert "deadline" in str(e.value)
+        # best-effort requests are never refused for SLOs
+        be_req = greq(prompt=2000, max_tokens=2, slo=tight, request_class=RequestClass.BE)
+        assert len(await collect(be, be_req)) == 2
         await be.stop(0)
 
     run(main())

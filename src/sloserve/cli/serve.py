@@ -120,7 +120,12 @@ def serve(
         list[str] | None, typer.Option("--upstream", help="Openai: an engine's base URL (repeat).")
     ] = None,
     admission: Annotated[
-        str | None, typer.Option("--admission", help="Openai: none, queue (default) or slo.")
+        str | None,
+        typer.Option(
+            "--admission",
+            help="429 policy: none, queue (default; --max-queue) or slo (also refuse real-time "
+            "requests whose TTFT target or deadline can no longer be met).",
+        ),
     ] = None,
     order: Annotated[
         str | None, typer.Option("--order", help="Openai: gateway queue order fcfs, priority, edf.")
@@ -171,7 +176,7 @@ def serve(
     if backend == "emulated":
         be = _emulated_backend(
             config, flags, model, gpu, replicas, policy, router, time_scale, output_length,
-            served_model_name, max_queue, seed,
+            served_model_name, max_queue, seed, admission,
         )  # fmt: skip
         what = (
             f"emulated {be.config.instance.profile} x{be.config.replicas}, policy "
@@ -205,7 +210,7 @@ def serve(
 def _emulated_backend(
     config: Path | None, flags: dict[str, Any], model: str, gpu: str, replicas: int,
     policy: str | None, router: str, time_scale: float, output_length: str | None,
-    served_model_name: str | None, max_queue: int | None, seed: int,
+    served_model_name: str | None, max_queue: int | None, seed: int, admission: str | None,
 ) -> Any:  # fmt: skip
     from pydantic import ValidationError
 
@@ -231,6 +236,7 @@ def _emulated_backend(
             seed=seed,
             max_queue=max_queue,
             served_model_name=served_model_name,
+            admission=admission or "queue",
         )
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None

@@ -27,7 +27,13 @@ Choices (parameters of :class:`EmulatedConfig`):
   request that ends before ``max_tokens`` finishes with ``stop``, one that reaches it with
   ``length``.
 * Admission: ``max_queue`` caps the waiting requests of the replica the router picked; a
-  full queue answers 429 (``queue_full``) with ``Retry-After`` of ``retry_after_s``.
+  full queue answers 429 (``queue_full``) with ``Retry-After`` of ``retry_after_s``. With
+  ``admission="slo"`` a real-time request is also refused (429 ``deadline``) when a lower
+  bound of its latency already misses its target: TTFT ≥ the cost model's prefill time of
+  the prompt tokens queued at the replica plus its own; end-to-end ≥ that plus one decode
+  step per output token at the current batch size and context. A lower bound, so a
+  refused request could not have been served in time; best-effort requests are never
+  refused for SLOs.
 * A client disconnect aborts the request (:meth:`Instance.abort`: at once when it is
   queued, at the end of the in-flight iteration when it is in it), freeing its KV cache.
 * The engine's own rejection (the request can never fit the KV cache M under the policy)
@@ -48,14 +54,14 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloserve.core.errors import ConfigError
-from sloserve.core.request import Request, RequestStatus
+from sloserve.core.request import Request, RequestClass, RequestStatus
 from sloserve.costmodel.profile import load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
@@ -100,6 +106,18 @@ class EmulatedConfig(BaseModel):
         default=None, ge=1, description="waiting requests per replica before 429"
     )
     retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After on a full queue")
+    admission: Literal["none", "queue", "slo"] = Field(
+        default="queue",
+        description="'none' never answers 429; 'queue' when max_queue is reached; 'slo' also "
+        "to a real-time request whose TTFT target or deadline can no longer be met",
+    )
+
+    @model_validator(mode="after")
+    def _admission(self) -> EmulatedConfig:
+        if self.admission == "none" and self.max_queue is not None:
+            raise ValueError("max_queue needs admission 'queue' or 'slo', not 'none'")
+        return self
+
     served_model_name: str | None = Field(
         default=None, description="the model name clients use (default: the profile's model)"
     )
@@ -346,6 +364,34 @@ class EmulatedBackend(Backend):
         floor = req.body.get("min_tokens") or 0
         return max(1, min(cap, max(n, int(floor))))
 
+    def _admit_slo(self, rep: _Replica, req: GenerationRequest, out_len: int) -> None:
+        """Raise 429 ``deadline`` when a lower bound of the request's latency misses its
+        TTFT target or deadline (wall seconds, counted from the gateway's arrival)."""
+        slo = req.slo
+        if slo.ttft_s is None and slo.deadline_s is None:
+            return
+        inst = rep.inst
+        cm = inst.cost_model
+        waited = time.monotonic() - req.arrival
+        queued = sum(r.remaining_compute for r in inst.waiting)
+        ttft = cm.prefill_time(queued + req.prompt_tokens) / self.scale
+        missed = ""
+        if slo.ttft_s is not None and waited + ttft > slo.ttft_s:
+            missed = f"TTFT target {slo.ttft_s * 1e3:.0f} ms (at least {ttft * 1e3:.0f} ms)"
+        elif slo.deadline_s is not None:
+            batch = len(inst.running) + 1
+            ctx = sum(r.num_computed_tokens for r in inst.running) + req.prompt_tokens
+            e2e = ttft + (out_len - 1) * cm.decode_time(batch, ctx) / self.scale
+            if waited + e2e > slo.deadline_s:
+                missed = f"deadline {slo.deadline_s:.3f} s (at least {e2e:.3f} s)"
+        if missed:
+            raise ServeError(
+                f"the request's {missed} can no longer be met at {rep.name}",
+                status=429,
+                reason="deadline",
+                retry_after_s=self.config.retry_after_s,
+            )
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
         if self._loop is None:
             raise ServeError("the emulated backend is not started", reason="not_started")
@@ -364,12 +410,15 @@ class EmulatedBackend(Backend):
                 reason="queue_full",
                 retry_after_s=self.config.retry_after_s,
             )
+        out_len = self._output_len(req)
+        if self.config.admission == "slo" and req.request_class is RequestClass.RT:
+            self._admit_slo(rep, req, out_len)
         sim_arrival = max(rep.env.now, self.sim_now())
         r = Request(
             req_id=next(self._ids),
             arrival=sim_arrival,
             num_prompt_tokens=req.prompt_tokens,
-            true_output_len=self._output_len(req),
+            true_output_len=out_len,
             req_class=req.request_class,
             priority=req.priority,
             model=req.model,
