@@ -114,6 +114,8 @@ class FakeEngine:
                 for k in range(0, n, per):
                     if mode == "drop" and k >= drop_after:
                         raise RuntimeError("engine died")
+                    if mode == "stall" and k >= drop_after:
+                        await asyncio.sleep(30)  # alive but silent
                     await asyncio.sleep(delay)
                     yield chunk("t" * per, None)
                 if mode == "no_finish":
@@ -849,3 +851,27 @@ def test_forward_slo_fields_to_sloserve_upstreams(fakes: Any) -> None:
     assert sent["slo"] == {"ttft_ms": 250.0, "deadline_ms": 4000.0}
     assert sent["qoe"] == {"ttft_s": 1.0, "tokens_per_s": 5.0}
     assert sent["request_class"] == "be"
+
+
+def test_a_silent_upstream_times_out_instead_of_hanging(fakes: Any) -> None:
+    (u1, f1), (u2, f2) = fakes
+    f1.mode, f1.drop_after = "stall", 0  # silent before the first token: retried on u2
+    cfg = UpstreamConfig(
+        upstreams=(u1, u2), router="round-robin", read_timeout_s=0.3, health_interval_s=0
+    )
+    t0 = time.monotonic()
+    chunks = run_backend(cfg, lambda b: collect(b, greq()))
+    assert sum(c.num_tokens for c in chunks) == 4 and time.monotonic() - t0 < 3
+    assert len(f2.bodies) == 1
+    f1.drop_after = 2  # silent after 2 tokens: an explicit error, not a hang
+    cfg = UpstreamConfig(upstreams=(u1,), read_timeout_s=0.3, health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        got: list[TokenChunk] = []
+        with pytest.raises(ServeError) as e:
+            async for c in b.generate(greq()):
+                got.append(c)
+        return got, e.value
+
+    got, err = run_backend(cfg, go)
+    assert len(got) == 2 and err.reason == "upstream_error" and "ReadTimeout" in str(err)
