@@ -345,7 +345,16 @@ def test_metrics(server: LiveServer) -> None:
         json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "slo": {"ttft_ms": 0.001}},
         timeout=10,
     )
+    httpx.post(
+        f"{server.base_url}/completions",
+        json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "request_class": "be",
+              "qoe": {"ttft_s": 5.0, "tokens_per_s": 1.0}},
+        timeout=10,
+    )  # fmt: skip
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    # a reader expecting the first token within 5 s at 1 token/s is served perfectly
+    assert 'sloserve_request_qoe_bucket{class="be",le="0.99"} 0.0' in text
+    assert 'sloserve_request_qoe_bucket{class="be",le="1.0"} 1.0' in text
     for name in (
         "sloserve_request_ttft_seconds_bucket", "sloserve_request_tpot_seconds_count",
         "sloserve_request_duration_seconds_sum", "sloserve_queue_size",
