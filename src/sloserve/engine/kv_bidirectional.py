@@ -85,6 +85,10 @@ class BidirectionalKVManager(KVCacheManager):
         # One-sided blocks by empty slots, insertion-ordered (deterministic picks).
         self._be_only: list[dict[int, None]] = [{} for _ in range(block_size + 1)]
         self._rt_only: list[dict[int, None]] = [{} for _ in range(block_size + 1)]
+        self._be_only_slots = 0
+        """BE slots in BE-only blocks (what RT growth could overwrite there)."""
+        self._rt_only_empty = 0
+        """Empty slots in RT-only blocks (what BE growth could share)."""
         self._tables: dict[int, list[int]] = {}
         self._tokens: dict[int, int] = {}
         """Whole KV of each request with GPU blocks or checkpoints (GPU + CPU slots)."""
@@ -117,6 +121,8 @@ class BidirectionalKVManager(KVCacheManager):
         c._free_set = self._free_set.copy()
         c._be_only = [d.copy() for d in self._be_only]
         c._rt_only = [d.copy() for d in self._rt_only]
+        c._be_only_slots = self._be_only_slots
+        c._rt_only_empty = self._rt_only_empty
         c._tables = {k: v.copy() for k, v in self._tables.items()}
         c._tokens = self._tokens.copy()
         c._ckpt = self._ckpt.copy()
@@ -259,9 +265,13 @@ class BidirectionalKVManager(KVCacheManager):
                 self._free_set[b] = False
                 self._free.remove(b) if self._free[-1] != b else self._free.pop()
         elif left == _NONE:
-            del self._be_only[self.block_size - self.rcount[b]][b]
+            rc = self.rcount[b]
+            del self._be_only[self.block_size - rc][b]
+            self._be_only_slots -= rc
         elif right == _NONE:
-            del self._rt_only[self.block_size - self.lcount[b]][b]
+            lc = self.lcount[b]
+            del self._rt_only[self.block_size - lc][b]
+            self._rt_only_empty -= self.block_size - lc
 
     def _index(self, b: int) -> None:
         left, right = self.left[b], self.right[b]
@@ -269,9 +279,13 @@ class BidirectionalKVManager(KVCacheManager):
             self._free_set[b] = True
             self._free.append(b)
         elif left == _NONE:
-            self._be_only[self.block_size - self.rcount[b]][b] = None
+            rc = self.rcount[b]
+            self._be_only[self.block_size - rc][b] = None
+            self._be_only_slots += rc
         elif right == _NONE:
-            self._rt_only[self.block_size - self.lcount[b]][b] = None
+            lc = self.lcount[b]
+            self._rt_only[self.block_size - lc][b] = None
+            self._rt_only_empty += self.block_size - lc
 
     def _pick_free(self) -> int:
         b = self._free.pop()
@@ -312,7 +326,8 @@ class BidirectionalKVManager(KVCacheManager):
         """Whether ``k`` more slots fit (the rules of :meth:`_grow`, without changes).
 
         O(block size): the total room does not depend on the order in which
-        :meth:`_grow` takes blocks, only on the empty slots and the CPU room.
+        :meth:`_grow` takes blocks, only on the empty slots (kept as running totals) and
+        the CPU room.
         """
         cpu = self._cpu_room()
         bs = self.block_size
@@ -324,17 +339,13 @@ class BidirectionalKVManager(KVCacheManager):
             return True
         if rt:
             table = self._tables.get(rid)
-            overwritable = self.rcount[table[-1]] if table else 0
-            empty = 0
-            for e, bucket in enumerate(self._be_only):
-                empty += e * len(bucket)
-                overwritable += (bs - e) * len(bucket)
+            overwritable = self._be_only_slots + (self.rcount[table[-1]] if table else 0)
+            empty = self._n_be_only() * bs - self._be_only_slots
             return room + empty + min(max(0, cpu), overwritable) >= k
-        for e in range(bs, 0, -1):
-            room += e * len(self._rt_only[e])
-            if room >= k:
-                return True
-        return False
+        return room + self._rt_only_empty >= k
+
+    def _n_be_only(self) -> int:
+        return sum(len(d) for d in self._be_only)
 
     def _grow(self, rid: int, rt: bool, k: int) -> None:
         """Place ``k`` slots for the request (the caller checked :meth:`_capacity`)."""
@@ -503,6 +514,10 @@ class BidirectionalKVManager(KVCacheManager):
                     if b not in self._tables.get(owner, ()):
                         raise KVInvariantError(f"block {b}: not in request {owner}'s table")
                     gpu[owner] = gpu.get(owner, 0) + count
+        if self._be_only_slots != sum(
+            bs - e for e, d in enumerate(self._be_only) for _b in d
+        ) or self._rt_only_empty != sum(e for e, d in enumerate(self._rt_only) for _b in d):
+            raise KVInvariantError("the one-sided blocks' slot totals are stale")
         if len(self._free) != len(set(self._free)) or sorted(self._free) != [
             b for b in range(self.num_blocks) if self._free_set[b]
         ]:

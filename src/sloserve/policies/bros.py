@@ -220,6 +220,8 @@ class _Plan:
     max_running: int
     preempt: list[tuple[Request, PreemptionMode]] = field(default_factory=list)
     gone: set[int] = field(default_factory=set)
+    reclaims: bool = True
+    """Whether taking a request out of the batch gives its memory back to the plan."""
 
     def need(self, r: Request, n: int) -> int:
         """Blocks ``r`` needs to process ``n`` tokens (a swapped request: all of them)."""
@@ -283,7 +285,7 @@ class _SharedPlan(_Plan):
     and decodes)."""
 
     def __init__(self, kv: BidirectionalKVManager, **kw: Any) -> None:
-        super().__init__(kv=kv, **kw)
+        super().__init__(kv=kv, reclaims=False, **kw)
         self.bkv = kv
         self._sim: BidirectionalKVManager | None = None
         self._log: list[tuple[str, Request, int]] = []
@@ -470,7 +472,10 @@ class _Decision:
         self.budget_c += c.n
         if not _is_decode(r):
             self.budget_p += c.n
-        ready.remove(c)
+        if ready and ready[-1] is c:
+            ready.pop()
+        else:
+            ready.remove(c)
         self.in_batch.discard(r.req_id)
 
 
@@ -709,10 +714,10 @@ class BROSScheduler(Scheduler):
             ):
                 if plan.fits(r, need, watermark if r.status is not _RUNNING else 0):
                     d.add(_Cand(r, _INF, n, need, swap), d.be_ready)
-                else:
+                elif plan.reclaims:
                     # FindBlock failed. Unlike the size and time budgets, memory is not
                     # monotone over the BE order (each request needs different room):
-                    # try replacing, else skip this one rather than stop.
+                    # try replacing (it frees the RT request's blocks), else skip this one.
                     self._replace(r, d)
             elif not self._replace(r, d):
                 break
