@@ -278,3 +278,26 @@ def test_slo_admission_refuses_what_cannot_be_met() -> None:
         await be.stop(0)
 
     run(main())
+
+
+def test_drain_hands_over_the_backlog() -> None:
+    """A consumer that fell behind gets every chunk produced so far without waiting, in
+    order, the finish last; then the stream is over."""
+
+    async def main() -> None:
+        be = emulated(instance=CONST, time_scale=20.0)
+        await be.start()
+        gen = be.generate(greq(max_tokens=30))
+        first = await gen.__anext__()
+        assert first.text == filler_text(0)
+        await asyncio.sleep(0.1)  # 30 iterations of 0.5 ms: all produced by now
+        drain = getattr(gen, "drain_nowait")  # noqa: B009  (not part of AsyncIterator)
+        rest = drain()
+        assert [c.text for c in rest] == [filler_text(i) for i in range(1, 30)]
+        assert rest[-1].finish_reason == "length" and drain() == []
+        with pytest.raises(StopAsyncIteration):
+            await gen.__anext__()
+        assert be.replicas()[0].in_flight == 0
+        await be.stop(0)
+
+    run(main())

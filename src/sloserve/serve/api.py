@@ -380,7 +380,9 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
             raise
         rec = RequestRecord(cls, arrival, greq.slo, greq.qoe)
         stream: AsyncIterator[TokenChunk] = _chain(first, agen)
+        drain: Callable[[], list[TokenChunk]] | None = getattr(agen, "drain_nowait", None)
         if cfg.pacing and greq.qoe is not None:
+            drain = None  # the pacer releases tokens one by one
             from sloserve.serve.pacer import TokenPacer
 
             stream = TokenPacer(stream, greq.qoe.tokens_per_s, weight=lambda c: c.num_tokens)
@@ -392,7 +394,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         )
         if body.stream:
             return _ClosingStreamingResponse(
-                _sse_events(stream, agen, factory, rec, greq.prompt_tokens, chat),
+                _sse_events(stream, agen, factory, rec, greq.prompt_tokens, chat, drain),
                 media_type="text/event-stream",
                 headers={**headers, "cache-control": "no-cache"},
             )
@@ -410,6 +412,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         rec: RequestRecord,
         n_prompt: int,
         chat: bool,
+        drain: Callable[[], list[TokenChunk]] | None,
     ) -> AsyncIterator[str]:
         status = "cancelled"
         completion = 0
@@ -418,13 +421,24 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                 yield sse(factory.role_chunk())
             try:
                 async for chunk in stream:
-                    rec.tokens(time.monotonic(), chunk.num_tokens)
-                    completion += chunk.num_tokens
-                    if chunk.text or chunk.finish_reason is not None:
-                        yield factory.token_event(chunk.text, _finish(chunk))
-                    if chunk.finish_reason is not None:
-                        if chunk.prompt_tokens is not None:
-                            n_prompt = chunk.prompt_tokens
+                    now = time.monotonic()
+                    # Chunks the backend already produced go out in the same write: one SSE
+                    # event per token still, but one send for a backlog.
+                    batch = [chunk, *drain()] if drain and chunk.finish_reason is None else [chunk]
+                    events: list[str] = []
+                    try:
+                        for c in batch:
+                            rec.tokens(now, c.num_tokens)
+                            completion += c.num_tokens
+                            if c.text or c.finish_reason is not None:
+                                events.append(factory.token_event(c.text, _finish(c)))
+                    finally:
+                        if events:
+                            yield "".join(events)
+                    last = batch[-1]
+                    if last.finish_reason is not None:
+                        if last.prompt_tokens is not None:
+                            n_prompt = last.prompt_tokens
                         break
                 else:
                     raise ServeError("the backend ended the stream without a finish reason")

@@ -52,6 +52,7 @@ import itertools
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any, Literal
@@ -124,18 +125,108 @@ class EmulatedConfig(BaseModel):
 
 
 class _Stream:
-    """One request's token stream: the engine pushes, the generator pops."""
+    """One request's token buffer: the engine pushes, its :class:`_TokenStream` pops.
 
-    __slots__ = ("finish", "max_tokens", "prompt_tokens", "queue", "req", "request_id", "sent")
+    A deque and one future rather than an ``asyncio.Queue``: this is the per-token path."""
+
+    __slots__ = (
+        "finish", "items", "max_tokens", "prompt_tokens", "req", "request_id", "sent", "waiter",
+    )  # fmt: skip
 
     def __init__(self, req: Request, request_id: str, max_tokens: int, prompt_tokens: int) -> None:
         self.req = req
         self.request_id = request_id
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
-        self.queue: asyncio.Queue[TokenChunk | ServeError] = asyncio.Queue()
+        self.items: deque[TokenChunk | ServeError] = deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.sent = 0
         self.finish = False
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None:
+            self.waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    def push(self, item: TokenChunk | ServeError) -> None:
+        self.items.append(item)
+        self.wake()
+
+
+class _TokenStream:
+    """What :meth:`EmulatedBackend.generate` returns: the request's chunks, in order.
+
+    Admission runs at the first ``__anext__`` (errors come before the first chunk, as the
+    contract says). :meth:`drain_nowait` hands over the chunks already produced without
+    waiting, so that the API can write a backlog (a gateway that fell behind) in one go.
+    Closing it (``aclose``), or an exception or cancellation while waiting, releases the
+    request: aborted in the engine if it is still live.
+    """
+
+    __slots__ = ("_backend", "_closed", "_rep", "_req", "_stream")
+
+    def __init__(self, backend: EmulatedBackend, req: GenerationRequest) -> None:
+        self._backend = backend
+        self._req = req
+        self._rep: _Replica | None = None
+        self._stream: _Stream | None = None
+        self._closed = False
+
+    def __aiter__(self) -> _TokenStream:
+        return self
+
+    async def __anext__(self) -> TokenChunk:
+        s = self._stream
+        if s is None:
+            if self._closed:
+                raise StopAsyncIteration
+            self._rep, s = self._backend._admit(self._req)
+            self._stream = s
+        items = s.items
+        try:
+            while not items:
+                if self._closed:
+                    raise StopAsyncIteration
+                s.waiter = self._backend.loop.create_future()
+                await s.waiter
+        except BaseException:
+            self._close()
+            raise
+        item = items.popleft()
+        if isinstance(item, ServeError):
+            self._close()
+            raise item
+        if item.finish_reason is not None:
+            self._close()
+        return item
+
+    def drain_nowait(self) -> list[TokenChunk]:
+        """The chunks already produced (up to an error, which the next ``__anext__`` raises)."""
+        s = self._stream
+        out: list[TokenChunk] = []
+        if s is None:
+            return out
+        items = s.items
+        while items and not isinstance(items[0], ServeError):
+            c = items.popleft()
+            assert isinstance(c, TokenChunk)
+            out.append(c)
+            if c.finish_reason is not None:
+                self._close()
+                break
+        return out
+
+    async def aclose(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._rep is not None and self._stream is not None:
+            self._rep.release(self._stream)
 
 
 class _Replica:
@@ -186,7 +277,7 @@ class _Replica:
         for s in self.streams.values():
             if not s.finish:
                 s.finish = True
-                s.queue.put_nowait(err)
+                s.push(err)
         self.inst.abort_all()
         self.ended.clear()
 
@@ -223,20 +314,16 @@ class _Replica:
                     self._push_tokens(s, r.num_output_tokens, reason)
                 elif r.status is RequestStatus.REJECTED:
                     s.finish = True
-                    s.queue.put_nowait(
-                        ServeError(r.reject_reason, status=400, reason="exceeds_kv_capacity")
-                    )
+                    s.push(ServeError(r.reject_reason, status=400, reason="exceeds_kv_capacity"))
                 elif r.status is RequestStatus.ABORTED:
                     if r.num_output_tokens > s.sent:
                         self._push_tokens(s, r.num_output_tokens, None)
                     s.finish = True
-                    s.queue.put_nowait(
-                        ServeError("the request was aborted", status=503, reason="aborted")
-                    )
+                    s.push(ServeError("the request was aborted", status=503, reason="aborted"))
 
     @staticmethod
     def _push_tokens(s: _Stream, upto: int, finish: FinishReason | None) -> None:
-        put = s.queue.put_nowait
+        put = s.items.append
         for i in range(s.sent, upto):
             if finish is not None and i == upto - 1:
                 s.finish = True
@@ -244,6 +331,7 @@ class _Replica:
             else:
                 put(TokenChunk(filler_text(i), 1))
         s.sent = upto
+        s.wake()
 
     # ---------------------------------------------------------------- requests
     def add(self, req: Request, stream: _Stream) -> None:
@@ -343,9 +431,7 @@ class EmulatedBackend(Backend):
             for s in list(rep.streams.values()):
                 if not s.finish:
                     s.finish = True
-                    s.queue.put_nowait(
-                        ServeError("the server is shutting down", status=503, reason="shutdown")
-                    )
+                    s.push(ServeError("the server is shutting down", status=503, reason="shutdown"))
                 rep.release(s)
             if rep.timer is not None:
                 rep.timer.cancel()
@@ -392,7 +478,11 @@ class EmulatedBackend(Backend):
                 retry_after_s=self.config.retry_after_s,
             )
 
-    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        return _TokenStream(self, req)
+
+    def _admit(self, req: GenerationRequest) -> tuple[_Replica, _Stream]:
+        """Route and admit ``req`` (or raise :class:`ServeError`); the engine gets it now."""
         if self._loop is None:
             raise ServeError("the emulated backend is not started", reason="not_started")
         if self.stopping:
@@ -428,17 +518,7 @@ class EmulatedBackend(Backend):
         )
         stream = _Stream(r, req.request_id, req.max_tokens, req.prompt_tokens)
         rep.add(r, stream)
-        try:
-            get = stream.queue.get
-            while True:
-                item = await get()
-                if isinstance(item, ServeError):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            rep.release(stream)
+        return rep, stream
 
     def replicas(self) -> Sequence[ReplicaState]:
         return [rep.state() for rep in self._replicas]
