@@ -32,9 +32,10 @@ Graceful shutdown: uvicorn stops accepting and waits for open streams
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -167,6 +168,21 @@ class _ClosingStreamingResponse(StreamingResponse):
                 await aclose()
 
 
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")
+"""Location entries pydantic adds for union members (``prompt.list[int]``): not fields."""
+
+
+def _param_of(loc: Sequence[Any]) -> str | None:
+    """OpenAI's ``param`` for a validation error location: ``messages[0].role``."""
+    out = ""
+    for p in loc:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p != "body" and not _UNION_TAG.match(str(p)):
+            out += f".{p}" if out else str(p)
+    return out or None
+
+
 def _header_ms(request: Request, name: str) -> float | None:
     raw = request.headers.get(name)
     if raw is None:
@@ -235,9 +251,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
         errs = exc.errors()
         first = errs[0] if errs else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        # Union members add their type name to the location; drop those for the param.
-        param = ".".join(p for p in loc if not p[:1].isupper() and "[" not in p) or None
+        param = _param_of(first.get("loc", ()))
         if first.get("type") == "json_invalid":
             msg = f"malformed JSON body: {first.get('msg', '')}"
             param = None
