@@ -136,6 +136,7 @@ def test_replayed_schedule_passes_engine_validation_and_reproduces_objective(
     assert _close(run.total_latency, res.evaluation.total_latency, 1e-12)
     assert _close(run.total_latency, res.objective, 1e-6)
     assert run.num_preemptions == res.evaluation.evictions
+    assert res.gap == 0.0 and res.bound is not None and res.bound <= res.objective * (1 + 1e-12)
     # the JSON form round-trips
     path = tmp_path / "s.json"
     write_schedule(path, res.schedule, jobs, limits, "llama-2-7b-a100")

@@ -78,7 +78,7 @@ def csp_eviction_sweep(
         limits = section45_limits(inp, output)
         presets = [*TABLE1_PRESETS, *(f"{p}-ef" for p in TABLE1_PRESETS)]
         runs = {p: run_baseline(p, jobs, cost_model, limits) for p in presets}
-        ok = cands_of(runs)
+        ok = _cands_of(runs)
         if not ok:
             raise ConfigError(f"I={inp}: no preset could serve the instance")
         best_preset = min(ok, key=lambda p: ok[p][0])
@@ -92,7 +92,8 @@ def csp_eviction_sweep(
             workers=workers,
             warm_start=(),
         )
-        ef_hint = _best_schedule([c for p, c in ok.items() if p.endswith("-ef")])
+        # any preset schedule without evictions seeds the eviction-free solve
+        ef_hint = _best_schedule([c for c in ok.values() if c[1].evictions == 0])
         ef_opts = dataclasses.replace(base, allow_eviction=False)
         ef = solve(jobs, limits, cost_model, ef_opts, hint=ef_hint)
         # the evicting solve starts from the better of the eviction-free optimum and every
@@ -106,7 +107,7 @@ def csp_eviction_sweep(
     return pd.DataFrame(rows)
 
 
-def cands_of(runs: dict[str, Baseline]) -> dict[str, tuple[float, Schedule]]:
+def _cands_of(runs: dict[str, Baseline]) -> dict[str, tuple[float, Schedule]]:
     """(total latency, schedule) of every baseline that served the instance."""
     return {
         p: (b.evaluation.total_latency, b.schedule)

@@ -457,7 +457,7 @@ def solve(
     bound_units = solver.BestObjectiveBound()
     scale = unit / built.obj_scale
     obj = obj_units * scale
-    bound = bound_units * scale
+    bound = max(bound_units * scale, 0.0)  # every objective is a sum of durations ≥ 0
     gap = 0.0 if status == "optimal" else (obj - bound) / obj if obj > 0 else 0.0
     sched = _extract(solver, built, jobs, J, opts, warm_name)
     evaluation = evaluate(sched, jobs, cost_model, limits)
