@@ -16,7 +16,7 @@ import uvicorn
 
 from sloserve.core.request import Request
 from sloserve.experiments.runner import InstanceConfig
-from sloserve.serve.api import GatewaySettings, create_app
+from sloserve.serve.api import GatewayServer, GatewaySettings, create_app
 from sloserve.serve.backend import Backend
 from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
 
@@ -55,11 +55,12 @@ def live_server(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
+    drain = (settings or GatewaySettings()).drain_timeout_s
     config = uvicorn.Config(
-        create_app(be, settings), log_level="warning", timeout_graceful_shutdown=5,
-        lifespan="on",
+        create_app(be, settings), log_level="warning",
+        timeout_graceful_shutdown=int(drain) + 5, lifespan="on",
     )  # fmt: skip
-    server = uvicorn.Server(config)
+    server = GatewayServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -514,6 +514,33 @@ def test_graceful_shutdown_drains_streams() -> None:
     assert events[-1] == "data: [DONE]" and len(events) == 61  # every token, then [DONE]
 
 
+def test_shutdown_ends_undrained_streams_explicitly() -> None:
+    result: dict[str, Any] = {}
+    with live_server(settings=GatewaySettings(drain_timeout_s=0.3), time_scale=1.0) as srv:
+        url = f"{srv.base_url}/completions"
+
+        def client() -> None:
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 3000, "stream": True}
+            with httpx.stream("POST", url, json=body, timeout=20) as r:
+                result["events"] = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+
+        t = threading.Thread(target=client)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not any(s.in_flight for s in srv.backend.replicas()):
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        t0 = time.monotonic()
+        srv.server.should_exit = True
+        t.join(timeout=20)
+        assert time.monotonic() - t0 < 3  # the drain timeout, not the 3000 tokens (30 s)
+    events = result["events"]
+    assert events[-1] == "data: [DONE]"
+    err = json.loads(events[-2][len("data: ") :])["error"]
+    assert err["code"] == "shutdown" and "shutting down" in err["message"]
+    assert 3 < len(events) - 2 < 3000  # some tokens, then the error
+
+
 @pytest.mark.parametrize("chat", [False, True])
 @pytest.mark.parametrize("usage", [False, True])
 def test_token_event_template_is_the_chunk(chat: bool, usage: bool) -> None:

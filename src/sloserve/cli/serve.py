@@ -195,16 +195,18 @@ def serve(
 
     import uvicorn
 
-    from sloserve.serve.api import create_app
+    from sloserve.serve.api import GatewayServer, create_app
 
     err_console.print(f"sloserve serve: {what} on http://{host}:{port}/v1")
-    uvicorn.run(
+    server_config = uvicorn.Config(
         create_app(be, settings),
         host=host,
         port=port,
         log_level=log_level,
-        timeout_graceful_shutdown=max(1, int(drain_timeout)),
+        # a backstop: the gateway itself ends what is left after --drain-timeout
+        timeout_graceful_shutdown=int(drain_timeout) + 5,
     )
+    GatewayServer(server_config).run()
 
 
 def _emulated_backend(

@@ -24,15 +24,16 @@ unknown model, 429 with ``Retry-After`` and 503 with the cause in
 ``/v1/completions`` (OpenAI's default) and to ``default_max_tokens`` on chat, in both
 cases capped by the room the context leaves after the prompt.
 
-Graceful shutdown: uvicorn stops accepting and waits for open streams
-(``timeout_graceful_shutdown``); then the backend drains what is left
-(``drain_timeout_s``) and ends the rest with an error event.
+Graceful shutdown (:class:`GatewayServer`, what ``sloserve serve`` runs): the server stops
+accepting, the backend refuses new requests (503 ``shutdown``) and lets open streams
+finish for ``drain_timeout_s``, then ends the rest with an SSE error event and ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
@@ -40,6 +41,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -228,6 +230,14 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     """The gateway's ASGI app in front of ``backend`` (started and stopped by its lifespan)."""
     cfg = settings or GatewaySettings()
     metrics = GatewayMetrics(backend)
+    stopping: list[asyncio.Task[None]] = []
+
+    async def drain() -> None:
+        """Stop the backend once: refuse new requests, let open streams finish for
+        ``drain_timeout_s``, then end the rest with an error event."""
+        if not stopping:
+            stopping.append(asyncio.ensure_future(backend.stop(cfg.drain_timeout_s)))
+        await stopping[0]
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -235,7 +245,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         try:
             yield
         finally:
-            await backend.stop(cfg.drain_timeout_s)
+            await drain()
 
     app = FastAPI(
         title="sloserve gateway",
@@ -246,6 +256,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     app.state.backend = backend
     app.state.metrics = metrics
     app.state.settings = cfg
+    app.state.drain = drain
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
@@ -543,6 +554,24 @@ async def _unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
     if task.cancelled():
         raise _Disconnected
     return task.result()
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server, draining the gateway as soon as a shutdown starts.
+
+    Plain uvicorn waits for open responses and, at ``timeout_graceful_shutdown``, cancels
+    them (the client sees a cut connection) before the app hears of the shutdown. This one
+    starts the app's drain (``app.state.drain``) beside that wait, so streams still open
+    after ``drain_timeout_s`` end with an SSE error event and ``data: [DONE]``; give uvicorn
+    a longer ``timeout_graceful_shutdown`` as a backstop.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        drain = getattr(getattr(self.config.app, "state", None), "drain", None)
+        task = asyncio.ensure_future(drain()) if drain is not None else None
+        await super().shutdown(sockets)
+        if task is not None:
+            await task
 
 
 def _finish(chunk: TokenChunk) -> str | None:
