@@ -136,7 +136,9 @@ def test_full_plan_covers_the_papers_grid() -> None:
     assert only.policies() == ["vllm"] and only.ablation_policies == ()
 
 
-def _row(policy: str, load: float, lat: float, ttft: float, tpot: float, be: float) -> dict:
+def _row(
+    policy: str, load: float, lat: float, ttft: float, tpot: float, be: float
+) -> dict[str, object]:
     return {
         "experiment": "hybrid",
         "profile": "p",
