@@ -176,6 +176,13 @@ def test_csp_sweep_gets_the_paper_instance_and_its_result_is_reported(tiny: Any)
     assert sol["optimum_evicts_at_I"] == [1, 4] and sol["crossover_I"] == 1024
     assert sol["evict_cut_max"] == pytest.approx(0.2)
     assert sol["statuses"] == {"optimal": 3}
+    # the fake's I = 1024 "optimum" (10.3 s) is worse than the presets simulated here:
+    # flagged as not optimal, and in the table
+    assert sol["preset_beats_solver_at_I"] == [1024]
+    assert (
+        "| a preset beats the solver's schedule at I (not optimal) | – | 1024 |"
+        in (out / "findings.md").read_text()
+    )
 
 
 def test_rmax_and_ranking_rows(tiny: Any) -> None:

@@ -744,6 +744,14 @@ def _csp(g: pd.DataFrame | None, csp: pd.DataFrame | None) -> dict[str, Any]:
             "max_gap": _max(c["gap"]) if "gap" in c else None,
             "not_optimal_at_I": [int(i) for i in c.loc[c["status"] != "optimal", "I"]],
         }
+        if len(lat):
+            # a preset simulated here that beats the solver's answer: that answer is not
+            # optimal (time limit), whatever the sweep's hint was
+            best = lat.min(axis=1).reindex(c["I"].to_numpy()).to_numpy()
+            worse = best < c["optimal_latency"].to_numpy() * (1 - 1e-6)
+            h["solver"]["preset_beats_solver_at_I"] = [
+                int(i) for i, w in zip(c["I"], worse, strict=True) if w
+            ]
         if "vllm" in lat.columns:
             # §4.5's 27.5%: for long inputs the (non-evicting) optimum against evicting vLLM
             v = lat["vllm"].reindex(c["I"].to_numpy())
@@ -947,6 +955,13 @@ def findings_table(head: dict[str, Any]) -> pd.DataFrame:
             _fmt(P["csp_ef_latency_cut_max"], True),
             _fmt(sol.get("optimum_vs_vllm_cut_max_large_I"), True),
         )
+        if sol.get("preset_beats_solver_at_I"):
+            add(
+                "4.5",
+                "a preset beats the solver's schedule at I (not optimal)",
+                "–",
+                ", ".join(map(str, sol["preset_beats_solver_at_I"])),
+            )
         if sol.get("not_optimal_at_I"):
             add(
                 "4.5",
