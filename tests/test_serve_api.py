@@ -264,11 +264,22 @@ def test_bad_input(
         )
 
 
+def _rejected(server: LiveServer) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    line = next(
+        ln for ln in text.splitlines()
+        if ln.startswith('sloserve_requests_total{class="rt",status="rejected"}')
+    )  # fmt: skip
+    return float(line.split()[-1])
+
+
 def test_server_survives_bad_input(server: LiveServer) -> None:
+    before = _rejected(server)
     for case in BAD_INPUTS[:3]:
         body = case[2]
         kw: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
         httpx.post(f"{server.base_url}/{case[1]}", timeout=10, **kw)
+    assert _rejected(server) == before + 3  # each counted once
     still_serves(server)
 
 

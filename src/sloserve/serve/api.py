@@ -259,7 +259,9 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     app.state.drain = drain
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_req: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(req: Request, exc: RequestValidationError) -> JSONResponse:
+        if req.url.path.startswith("/v1/"):
+            metrics.count("rejected", "rt")  # no valid body: no class either; the default
         errs = exc.errors()
         first = errs[0] if errs else {}
         param = _param_of(first.get("loc", ()))
