@@ -238,7 +238,7 @@ def test_section45_finding() -> None:
 
     # one worker and a deterministic limit: the same answer under any machine load
     df = csp_eviction_sweep(
-        [4, 512], time_limit_s=60.0, deterministic_limit=0.5, workers=1
+        [4, 512], time_limit_s=60.0, deterministic_limit=0.5, workers=1, forced_eviction=True
     ).set_index("I")
     short, long = df.loc[4], df.loc[512]
     assert short["status"] == "optimal"
@@ -246,4 +246,10 @@ def test_section45_finding() -> None:
     assert short["optimal_latency"] < short["best_ef_latency"]
     assert short["latency_gap_pct"] > 5
     assert long["optimal_evictions"] == 0
+    # and the best schedule that does evict is slower than the eviction-free one
+    assert long["best_evicting_status"] in ("optimal", "feasible")
+    assert long["best_evicting_latency"] > long["best_ef_latency"]
+    assert long["eviction_cost_pct"] > 0
+    assert short["best_evicting_latency"] == short["optimal_latency"]
+    assert "!r" in short["optimal_schedule"] and "!r" not in long["optimal_schedule"]
     assert long["optimal_latency"] <= long["best_preset_latency"] * (1 + 1e-9)

@@ -61,6 +61,8 @@ def test_options_change_the_answer() -> None:
     assert best["latency"] < free["latency"]
     never = _json([*TINY, "--better-than", "vllm-ef", "--by", "60"])
     assert never["status"] == "infeasible" and never["latency"] is None
+    must = _json([*TINY, "--min-evictions", "1"])
+    assert must["evictions"] >= 1
     mk = _json([*TINY, "--objective", "makespan", "--warm-start", "none"])
     assert mk["status"] == "optimal" and mk["warm_start"] is None
     assert abs(mk["objective"] - mk["makespan"]) < 1e-6 * mk["makespan"]
@@ -88,6 +90,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         ["--requests", "2", "--input", "3"],
         [*TINY[:6], "--kv-capacity", "3"],
         [*TINY, "--objective", "fairness"],
+        [*TINY, "--no-eviction", "--min-evictions", "1"],
         ["--replay", str(bad)],
     ):
         p = _cli(*args)

@@ -86,6 +86,10 @@ def optimal(
     ] = None,
     solver_seed: Annotated[int, typer.Option("--solver-seed", help="CP-SAT random seed.")] = 0,
     no_eviction: Annotated[bool, typer.Option("--no-eviction", help="Forbid evictions.")] = False,
+    min_evictions: Annotated[
+        int,
+        typer.Option("--min-evictions", help="Require at least this many evictions."),
+    ] = 0,
     no_hybrid: Annotated[
         bool, typer.Option("--no-hybrid", help="Forbid prefill and decode in one batch.")
     ] = False,
@@ -172,6 +176,7 @@ def optimal(
         warm_start=ws,
         better_than=better_than,
         better_by_pct=by_pct,
+        min_evictions=min_evictions,
     )
     result = solve(jobs, limits, cm, opts)
     out = result.summary()

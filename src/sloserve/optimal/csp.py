@@ -141,6 +141,9 @@ class CspOptions:
     better_than: str | None = None
     """Policy S: require objective ≤ (1 − better_by_pct/100)·objective(S)."""
     better_by_pct: float = 0.0
+    min_evictions: int = 0
+    """Require at least this many evictions (e.g. 1: the best schedule that evicts, to
+    measure what evicting costs, as §4.5 does for long inputs)."""
     symmetry_breaking: bool = True
     log: bool = False
 
@@ -155,6 +158,8 @@ class CspOptions:
             raise ConfigError("time_limit_s must be > 0")
         if self.workers is not None and self.workers < 1:
             raise ConfigError("workers must be >= 1")
+        if self.min_evictions < 0 or (self.min_evictions and not self.allow_eviction):
+            raise ConfigError("min_evictions must be >= 0, and 0 when eviction is forbidden")
         if not 0 <= self.better_by_pct < 100:
             raise ConfigError("better_by_pct must be in [0, 100)")
         if not self.time_unit_s > 0:
@@ -280,6 +285,8 @@ def _min_batch_time(cost_model: CostModel) -> float:
 def _feasible_for(sched: Schedule, options: CspOptions, jobs: Sequence[Job]) -> bool:
     """Whether a recorded schedule respects the forbidden features (for use as a hint)."""
     if not options.allow_eviction and sched.evictions:
+        return False
+    if sched.evictions < options.min_evictions:
         return False
     if options.allow_hybrid and options.allow_chunked_prefill:
         return True
@@ -646,6 +653,9 @@ def _build(
             pf[i, jj], ctx[i, jj], work[i, jj], mz[i, jj] = pfv, cx, wv, mzv
         for i in range(N):
             model.Add(G[i, jj] >= G[i, jj - 1])  # implied; helps propagation
+
+    if opts.min_evictions:
+        model.Add(sum(e.values()) >= opts.min_evictions)
 
     # (1) termination
     for i, job in enumerate(jobs):
