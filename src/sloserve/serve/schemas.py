@@ -27,7 +27,7 @@ import re
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
 CHAT_TOKENS_PER_MESSAGE = 3
@@ -121,6 +121,21 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
 
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(
+        cls, v: str | list[int] | list[str] | list[list[int]]
+    ) -> str | list[int] | list[str] | list[list[int]]:
+        if isinstance(v, list):
+            if not v or any(isinstance(x, list) and not x for x in v):
+                raise ValueError("a prompt must not be empty")
+            ids = [i for x in v if isinstance(x, list) for i in x] + [
+                x for x in v if isinstance(x, int)
+            ]
+            if any(i < 0 for i in ids):
+                raise ValueError("token ids must be >= 0")
+        return v
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -153,6 +168,8 @@ SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-request-class")
 def unsupported_params(body: AnyRequest) -> list[str]:
     """Names of OpenAI parameters in ``body`` with a value this gateway cannot honour."""
     bad: list[str] = []
+    if body.stream_options is not None and not body.stream:
+        bad.append("stream_options (only with stream: true)")
     if body.n not in (None, 1):
         bad.append("n")
     if body.logit_bias:
