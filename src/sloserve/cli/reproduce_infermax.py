@@ -36,7 +36,10 @@ def reproduce_infermax(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
     workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
+        int | None,
+        typer.Option(
+            "--workers", min=1, help="Parallel processes, and CP-SAT workers (default: cores)."
+        ),
     ] = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Replica profile (the paper: Llama-2-7B on A100).")
@@ -47,7 +50,9 @@ def reproduce_infermax(
     ] = True,
     csp_time_limit: Annotated[
         float | None,
-        typer.Option("--csp-time-limit", help="Seconds per CSP instance (quick 5, full 10)."),
+        typer.Option(
+            "--csp-time-limit", help="Seconds per CSP solve, two per I (quick 2, full 10)."
+        ),
     ] = None,
 ) -> None:
     """InferMax §4 and A.3: high contention, eviction-free vs evicting, M sweep, the §4.5
