@@ -56,7 +56,7 @@ def test_tokens_follow_the_engine_timeline() -> None:
         assert got[-1][1].prompt_tokens == 10
         late = np.array([t for t, _c in got]) - ends[token_iters]
         assert (late >= 0).all()  # never early
-        assert np.median(late) < 0.02  # and on time, give or take a busy machine
+        assert np.median(late) < 0.05  # and on time, give or take a busy machine
         # the emulated timeline itself is the simulator's: 10 ms per iteration
         assert np.diff(inst.iter_end) == pytest.approx(0.01)
         await be.stop(0)
@@ -180,7 +180,7 @@ def test_sim_and_live_agree() -> None:
     (sent at their arrival times): mean TTFT and TPOT within 10%."""
     rng = np.random.default_rng(3)
     n = 14
-    arrivals = np.cumsum(rng.exponential(0.12, n))
+    arrivals = np.cumsum(rng.exponential(0.05, n))
     reqs = [
         Request(
             req_id=i,
@@ -190,10 +190,12 @@ def test_sim_and_live_agree() -> None:
         )
         for i in range(n)
     ]
-    icfg = InstanceConfig(profile="llama-2-7b@a100-80gb", max_running=8)
+    icfg = InstanceConfig(profile="llama-2-7b@a100-80gb", max_running=4)
     sim = simulate(SimConfig(instance=icfg, policy="vllm"), reqs).table
-    # Real time, and prompts long enough that TTFT is mostly prefill and queueing: what the
-    # comparison measures is the engine, not the loopback HTTP round trip (a few ms here).
+    assert sim["ttft_s"].mean() > 1.0  # queueing: 14 requests, 4 at a time
+    # Real time, and a TTFT that is mostly prefill and queueing: what the comparison
+    # measures is the engine, not the loopback HTTP round trip (a few ms, more when the
+    # machine is busy).
     scale = 1.0
     with live_server(instance=icfg, policy="vllm", time_scale=scale) as srv:
         live = asyncio.run(replay_over_http(srv.base_url, reqs, scale))
