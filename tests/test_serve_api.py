@@ -696,3 +696,22 @@ def test_disconnect_while_queued_leaves_the_engine(stream: bool) -> None:
             assert inst.running[0].num_output_tokens < 300  # the first is still streaming
         text = httpx.get(f"{srv.url}/metrics", timeout=10).text
         assert 'sloserve_requests_total{class="rt",status="cancelled"}' in text
+
+
+def test_max_completion_tokens_and_defaults(server: LiveServer) -> None:
+    url = f"{server.base_url}/chat/completions"
+    r = httpx.post(
+        url,
+        json={"model": MODEL, "messages": _MSG, "max_completion_tokens": 2, "max_tokens": 9},
+        timeout=10,
+    )
+    assert r.json()["usage"]["completion_tokens"] == 2  # the newer field wins
+    r = httpx.post(
+        f"{server.base_url}/completions", json={"model": MODEL, "prompt": "hi"}, timeout=10
+    )
+    assert r.json()["usage"]["completion_tokens"] == 16  # OpenAI's completions default
+    r = httpx.post(url, json={"model": MODEL, "messages": _MSG}, timeout=10)
+    assert r.json()["usage"]["completion_tokens"] == 256  # --default-max-tokens
+    long = [{"role": "user", "content": "w " * 3950}]  # 3,956 prompt tokens of 4,096
+    r = httpx.post(url, json={"model": MODEL, "messages": long}, timeout=10)
+    assert r.json()["usage"]["completion_tokens"] == 4096 - 3956  # what the context leaves
