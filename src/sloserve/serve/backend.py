@@ -143,6 +143,11 @@ class Backend(abc.ABC):
         """The model names this backend serves (``GET /v1/models``)."""
         return ()
 
+    def queue_size(self) -> int:
+        """Requests accepted and waiting to start (``sloserve_queue_size``): by default the
+        replicas' waiting requests; a backend with its own queue adds it."""
+        return sum(r.waiting for r in self.replicas())
+
     def max_context(self) -> int | None:
         """The served model's context length in tokens, if the backend knows it: the API
         answers 400 when prompt + ``max_tokens`` exceeds it, before admission."""

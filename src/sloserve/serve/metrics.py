@@ -12,7 +12,8 @@ the simulated times divided by the scale).
   it ended.
 * ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
 * ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
-* ``sloserve_queue_size``: waiting requests over all replicas; ``sloserve_replica_running``,
+* ``sloserve_queue_size``: requests accepted and not yet started
+  (:meth:`Backend.queue_size`: the replicas' waiting requests, plus a gateway queue); ``sloserve_replica_running``,
   ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy`` per replica (read from the
   backend at scrape time).
 """
@@ -79,8 +80,8 @@ class _ReplicaCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         states = list(self.backend.replicas())
-        queue = GaugeMetricFamily("sloserve_queue_size", "Waiting requests over all replicas")
-        queue.add_metric([], float(sum(s.waiting for s in states)))
+        queue = GaugeMetricFamily("sloserve_queue_size", "Requests accepted, not yet started")
+        queue.add_metric([], float(self.backend.queue_size()))
         yield queue
         families = {
             "running": GaugeMetricFamily(
