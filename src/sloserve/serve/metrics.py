@@ -13,9 +13,9 @@ the simulated times divided by the scale).
 * ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
 * ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
 * ``sloserve_queue_size``: requests accepted and not yet started
-  (:meth:`Backend.queue_size`: the replicas' waiting requests, plus a gateway queue); ``sloserve_replica_running``,
-  ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy`` per replica (read from the
-  backend at scrape time).
+  (:meth:`Backend.queue_size`: the replicas' waiting requests, plus a gateway queue);
+  ``sloserve_replica_running``, ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy``
+  per replica (read from the backend at scrape time).
 """
 
 from __future__ import annotations
