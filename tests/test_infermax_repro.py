@@ -89,7 +89,14 @@ def fake_csp(calls: list[dict[str, Any]]) -> Any:
                     20.0 if evicts else 0.0,
                 ]
             )
-        return pd.DataFrame(rows, columns=CSP_COLUMNS)
+        df = pd.DataFrame(rows, columns=CSP_COLUMNS)
+        if kw.get("forced_eviction"):  # evicting costs 20% where the optimum does not evict
+            evicting = df["optimal_evictions"] > 0
+            df["best_evicting_latency"] = df["optimal_latency"].where(
+                evicting, df["best_ef_latency"] * 1.25
+            )
+            df["eviction_cost_pct"] = 20.0 * ~evicting
+        return df
 
     return sweep
 
@@ -168,13 +175,18 @@ def test_csp_sweep_gets_the_paper_instance_and_its_result_is_reported(tiny: Any)
             "time_limit_s": 10.0,
             "seed": 0,
             "workers": 1,
+            # optional arguments the sweep accepts: the forced-eviction solve, and with
+            # one worker a load-independent limit (identical rows on every run)
+            "forced_eviction": True,
+            "deterministic_limit": 10.0,
         }
     ]
     csp = pd.read_parquet(out / "csp.parquet")
-    assert list(csp.columns) == CSP_COLUMNS
+    assert list(csp.columns) == [*CSP_COLUMNS, "best_evicting_latency", "eviction_cost_pct"]
     sol = rep.headline["csp"]["solver"]
     assert sol["optimum_evicts_at_I"] == [1, 4] and sol["crossover_I"] == 1024
     assert sol["evict_cut_max"] == pytest.approx(0.2)
+    assert sol["eviction_cost_max_large_I"] == pytest.approx(0.2)
     assert sol["statuses"] == {"optimal": 3}
     # the fake's I = 1024 "optimum" (10.3 s) is worse than the presets simulated here:
     # flagged as not optimal, and in the table

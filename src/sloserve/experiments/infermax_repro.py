@@ -49,6 +49,7 @@ paper's grids (10–20 minutes on two cores).
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import os
@@ -475,6 +476,23 @@ def load_csp_sweep() -> tuple[CspSweep | None, str]:
     return fn, ""
 
 
+def _csp_extras(fn: CspSweep, workers: int, time_limit_s: float) -> dict[str, Any]:
+    """Optional arguments of the sweep, passed where it accepts them: the forced-eviction
+    solve (the best schedule that evicts, for §4.5's cost of evicting long inputs), and
+    with one worker CP-SAT's load-independent limit, so that its rows repeat exactly."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    anykw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    out: dict[str, Any] = {}
+    if anykw or "forced_eviction" in params:
+        out["forced_eviction"] = True
+    if workers == 1 and (anykw or "deterministic_limit" in params):
+        out["deterministic_limit"] = time_limit_s
+    return out
+
+
 def _map(
     fn: Callable[[Sim], dict[str, Any]],
     items: list[Sim],
@@ -538,6 +556,7 @@ def reproduce(
         if fn is not None:
             if progress:
                 progress("solving the CSP", 0, len(solve_inputs))
+            extra = _csp_extras(fn, n_workers, plan.csp_time_limit_s)
             csp = fn(
                 solve_inputs,
                 output=plan.csp_o,
@@ -546,6 +565,7 @@ def reproduce(
                 time_limit_s=plan.csp_time_limit_s,
                 seed=plan.seed,
                 workers=n_workers,
+                **extra,
             )
             if progress:
                 progress("solving the CSP", len(solve_inputs), len(solve_inputs))
@@ -733,9 +753,16 @@ def _csp(g: pd.DataFrame | None, csp: pd.DataFrame | None) -> dict[str, Any]:
             h["vllm_evicting_wins_at_I"] = helps
     if csp is not None and len(csp):
         c = csp.copy()
+        c["best_latency"] = c["optimal_latency"]
         c["evicts"] = c["optimal_evictions"].fillna(0) > 0
-        # the sweep's own gap: (best eviction-free − optimum) / best eviction-free
-        c["opt_vs_best_ef"] = c["latency_gap_pct"] / 100
+        if "best_evicting_latency" in c:
+            # the forced-eviction solve can find a better schedule than the main solve
+            # when both stop at the time limit: the best known schedule then evicts
+            better = c["best_evicting_latency"] < c["optimal_latency"] * (1 - 1e-6)
+            c.loc[better, "best_latency"] = c.loc[better, "best_evicting_latency"]
+            c["evicts"] = c["evicts"] | better
+        # (best eviction-free − best known) / best eviction-free, as the sweep's own gap
+        c["opt_vs_best_ef"] = 1 - c["best_latency"] / c["best_ef_latency"]
         h["solver"] = {
             "statuses": {str(k): int(v) for k, v in c["status"].value_counts().items()},
             "optimum_evicts_at_I": [int(i) for i in c.loc[c["evicts"], "I"]],
@@ -744,18 +771,24 @@ def _csp(g: pd.DataFrame | None, csp: pd.DataFrame | None) -> dict[str, Any]:
             "max_gap": _max(c["gap"]) if "gap" in c else None,
             "not_optimal_at_I": [int(i) for i in c.loc[c["status"] != "optimal", "I"]],
         }
+        if "eviction_cost_pct" in c:
+            # §4.5's 27.5%: the best evicting schedule against the eviction-free optimum
+            long_ = c[(c["I"] >= 128) & ~c["evicts"]]
+            h["solver"]["eviction_cost_max_large_I"] = (
+                _max(long_["eviction_cost_pct"] / 100) if len(long_) else None
+            )
         if len(lat):
             # a preset simulated here that beats the solver's answer: that answer is not
             # optimal (time limit), whatever the sweep's hint was
             best = lat.min(axis=1).reindex(c["I"].to_numpy()).to_numpy()
-            worse = best < c["optimal_latency"].to_numpy() * (1 - 1e-6)
+            worse = best < c["best_latency"].to_numpy() * (1 - 1e-6)
             h["solver"]["preset_beats_solver_at_I"] = [
                 int(i) for i, w in zip(c["I"], worse, strict=True) if w
             ]
         if "vllm" in lat.columns:
             # §4.5's 27.5%: for long inputs the (non-evicting) optimum against evicting vLLM
             v = lat["vllm"].reindex(c["I"].to_numpy())
-            cut = 1 - c["optimal_latency"].to_numpy() / v.to_numpy()
+            cut = 1 - c["best_latency"].to_numpy() / v.to_numpy()
             big = c["I"].to_numpy() >= 128
             h["solver"]["optimum_vs_vllm_cut_max_large_I"] = (
                 float(np.nanmax(cut[big])) if big.any() and np.isfinite(cut[big]).any() else None
@@ -955,6 +988,13 @@ def findings_table(head: dict[str, Any]) -> pd.DataFrame:
             _fmt(P["csp_ef_latency_cut_max"], True),
             _fmt(sol.get("optimum_vs_vllm_cut_max_large_I"), True),
         )
+        if "eviction_cost_max_large_I" in sol:
+            add(
+                "4.5",
+                "best evicting schedule vs eviction-free optimum, I ≥ 128, cost up to",
+                _fmt(P["csp_ef_latency_cut_max"], True),
+                _fmt(sol["eviction_cost_max_large_I"], True),
+            )
         if sol.get("preset_beats_solver_at_I"):
             add(
                 "4.5",
