@@ -143,9 +143,10 @@ class Backend(abc.ABC):
         """The model names this backend serves (``GET /v1/models``)."""
         return ()
 
+    @property
     def queue_size(self) -> int:
         """Requests accepted and waiting to start (``sloserve_queue_size``): by default the
-        replicas' waiting requests; a backend with its own queue adds it."""
+        replicas' waiting requests; a backend with its own queue reports that one."""
         return sum(r.waiting for r in self.replicas())
 
     def max_context(self) -> int | None:

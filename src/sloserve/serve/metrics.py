@@ -13,7 +13,7 @@ the simulated times divided by the scale).
 * ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
 * ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
 * ``sloserve_queue_size``: requests accepted and not yet started
-  (:meth:`Backend.queue_size`: the replicas' waiting requests, plus a gateway queue);
+  (:attr:`Backend.queue_size`: the replicas' waiting requests, or a gateway's own queue);
   ``sloserve_replica_running``, ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy``
   per replica (read from the backend at scrape time).
 """
@@ -81,7 +81,7 @@ class _ReplicaCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         states = list(self.backend.replicas())
         queue = GaugeMetricFamily("sloserve_queue_size", "Requests accepted, not yet started")
-        queue.add_metric([], float(self.backend.queue_size()))
+        queue.add_metric([], float(self.backend.queue_size))
         yield queue
         families = {
             "running": GaugeMetricFamily(
