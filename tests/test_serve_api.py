@@ -48,9 +48,7 @@ class RecordingBackend(EmulatedBackend):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
-    be = emulated()
-    be.__class__ = RecordingBackend
-    with live_server(be) as srv:
+    with live_server(emulated(RecordingBackend)) as srv:
         yield srv
 
 
