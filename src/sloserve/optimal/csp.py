@@ -47,14 +47,24 @@ it waits), end ``E_j = S_j + t_j`` (the paper's Acc_j).
 
 Objectives: ``latency`` Σ_i (F_i − T_i), F_i the end of i's last batch (the default;
 equivalently mean latency); ``ttft`` mean_i (first token − T_i); ``tpot`` Σ_i (F_i −
-first)/(O_i − 1) over O_i > 1 (weights scaled to integers by their lcm); ``makespan`` E_J.
+first)/(O_i − 1) over O_i > 1, as a mean (weights scaled to integers by their lcm);
+``makespan`` E_J.
 
 Choices where the paper is vague (parameters of :class:`CspOptions`): the number of
 batches J (default: the warm-start schedule's batch count, see
 ``batches_sufficient`` in the result for when J provably does not cut the optimum off);
 identical requests are ordered by finish time (symmetry breaking; any schedule can be
 relabelled so); hybrid batching, chunked prefill and eviction can each be forbidden; the
-"at least x% better than scheduler S" query is a constraint objective ≤ (1 − x/100)·S.
+"at least x% better than scheduler S" query is a constraint objective ≤ (1 − x/100)·S;
+``min_evictions`` forces evictions (the best schedule that evicts, to measure their cost).
+
+Search: the warm start (the best of some policies run through the engine, or a given
+schedule) is turned into a complete hint by propagation before the search, so the answer
+is never worse than it; redundant linear cuts (batch time ≥ the shortest batch and ≥ its
+token term, F_i ≥ batches before i finishes × the shortest batch, O·done ≤ G) tighten the
+LP bound. The status is always reported: ``optimal``, ``feasible`` (with the gap to the
+proven bound), ``infeasible`` (e.g. no schedule within J batches, or none better than the
+target) or ``unknown`` (the limit hit before any solution).
 """
 
 from __future__ import annotations
