@@ -4,6 +4,8 @@ and the end-to-end claim on a hybrid workload."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from helpers import make_instance, req, run
 from sloserve.core.errors import ConfigError
@@ -126,3 +128,68 @@ def test_hybrid_workload_bros_meets_more_rt_ttft_slos_at_a_small_be_cost() -> No
     assert ttft["bros"] >= 0.95 and ttft["bros"] >= ttft["rr"] + 0.1
     assert be_tput["bros"] >= 0.85 * be_tput["vllm"]
     assert nl["bros"] < 0.7 * nl["vllm"] and nl["bros"] < nl["rr"]
+
+
+hybrid_reqs = st.lists(
+    st.tuples(
+        st.floats(0, 1),  # arrival
+        st.integers(1, 40),  # prompt
+        st.integers(1, 30),  # output
+        st.booleans(),  # BE?
+        st.floats(0.01, 1.0),  # TTFT target
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=hybrid_reqs,
+    policy=st.sampled_from(["bros", "bros-nobicache", "rr"]),
+    M=st.integers(24, 200),
+    block_size=st.sampled_from([1, 4, 16]),
+    cpu_blocks=st.integers(0, 8),
+    R_max=st.integers(1, 8),
+    C=st.integers(48, 256),
+    swap_cost=st.sampled_from([0.0, 0.002]),
+)
+def test_hybrid_engine_invariants(
+    spec, policy, M, block_size, cpu_blocks, R_max, C, swap_cost
+) -> None:
+    # KV invariants checked after every decision (make_instance: check_invariants=True);
+    # every request ends exactly once, finished ones with exactly their output length.
+    from sloserve.costmodel.base import ConstantCostModel
+
+    inst = make_instance(
+        policy,
+        cost=ConstantCostModel(0.01, swap_s_per_token=swap_cost),
+        M=M,
+        C=C,
+        R_max=R_max,
+        block_size=block_size,
+        cpu_blocks=cpu_blocks,
+        multi_step=False,
+    )
+    arrivals = sorted(a for a, *_ in spec)
+    reqs = [
+        req(
+            i,
+            arrivals[i],
+            p,
+            o,
+            req_class=BE if be else RequestClass.RT,
+            slo=SLO() if be else SLO(ttft_s=t, tpot_s=0.05),
+        )
+        for i, (_a, p, o, be, t) in enumerate(spec)
+    ]
+    run(inst, reqs)
+    assert sorted(r.req_id for r in inst.done) == [r.req_id for r in reqs]
+    for r in reqs:
+        if r.is_finished:
+            assert r.num_output_tokens == r.true_output_len
+        else:
+            assert r.reject_reason
+    assert inst.kv.num_used_blocks == 0 and not inst.running and not inst.waiting
+    assert max(inst.trace.running, default=0) <= R_max
+    assert max(inst.trace.batch_tokens, default=0) <= C

@@ -6,12 +6,13 @@ its *last* block is the one it grows in.
 
 Allocation (§5.2):
 
-* **BE growth (FindBlock)** uses empty slots only: first the free slots of its last
-  block, then new blocks "according to the maximum number of empty slots": fully free
-  blocks first, then RT-only blocks with the most empty slots (the BE request becomes
-  their right owner). A BE request never overwrites an RT slot.
+* **BE growth (FindBlock)** uses empty slots only: first the empty slots of its own
+  blocks (the last one first), then new blocks "according to the maximum number of
+  empty slots": fully free blocks first, then RT-only blocks with the most empty slots
+  (the BE request becomes their right owner). A BE request never overwrites an RT slot.
 * **RT growth (FindPreemptBlock)**: the RT request continues in the empty slots of its
-  last block, then takes a free block; only when no free block is left ("if no GPU
+  own blocks (the last one first: a BE peer that left an older block leaves room there),
+  then takes a free block; only when no free block is left ("if no GPU
   blocks are available") does it take its BE peer's slots in its last block, then
   preempt the BE-only block with the most empty slots (it becomes the block's left
   owner, fills its empty slots, then overwrites).
@@ -89,6 +90,8 @@ class BidirectionalKVManager(KVCacheManager):
         """BE slots in BE-only blocks (what RT growth could overwrite there)."""
         self._rt_only_empty = 0
         """Empty slots in RT-only blocks (what BE growth could share)."""
+        self._own_empty: dict[int, int] = {}
+        """Empty slots in each request's own blocks (it may grow into any of them)."""
         self._tables: dict[int, list[int]] = {}
         self._tokens: dict[int, int] = {}
         """Whole KV of each request with GPU blocks or checkpoints (GPU + CPU slots)."""
@@ -123,6 +126,7 @@ class BidirectionalKVManager(KVCacheManager):
         c._rt_only = [d.copy() for d in self._rt_only]
         c._be_only_slots = self._be_only_slots
         c._rt_only_empty = self._rt_only_empty
+        c._own_empty = self._own_empty.copy()
         c._tables = {k: v.copy() for k, v in self._tables.items()}
         c._tokens = self._tokens.copy()
         c._ckpt = self._ckpt.copy()
@@ -224,12 +228,8 @@ class BidirectionalKVManager(KVCacheManager):
         return len(table) if table is not None else 0
 
     def _room_last(self, rid: int, rt: bool, cpu_room: int) -> int:
-        """Slots the request can take in its last block without a new block."""
-        table = self._tables.get(rid)
-        if not table:
-            return 0
-        b = table[-1]
-        return self.block_size - self.lcount[b] - self.rcount[b]
+        """Slots the request can take in its own blocks without a new block."""
+        return self._own_empty.get(rid, 0)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         """Fully free blocks the request would take (an upper bound: RT requests may
@@ -257,9 +257,20 @@ class BidirectionalKVManager(KVCacheManager):
         self.cpu.used_blocks = -(-self._cpu_slots // self.block_size)
 
     # ------------------------------------------------------------------ block bookkeeping
+    def _owners_empty(self, b: int, sign: int) -> None:
+        left, right = self.left[b], self.right[b]
+        empty = self.block_size - self.lcount[b] - self.rcount[b]
+        if empty:
+            own = self._own_empty
+            for owner in (left, right):
+                if owner != _NONE:
+                    own[owner] = own.get(owner, 0) + sign * empty
+
     def _unindex(self, b: int) -> None:
         """Remove block ``b`` from the free list / one-sided indexes before changing it."""
         left, right = self.left[b], self.right[b]
+        if left != _NONE or right != _NONE:
+            self._owners_empty(b, -1)
         if left == _NONE and right == _NONE:
             if self._free_set[b]:
                 self._free_set[b] = False
@@ -275,6 +286,8 @@ class BidirectionalKVManager(KVCacheManager):
 
     def _index(self, b: int) -> None:
         left, right = self.left[b], self.right[b]
+        if left != _NONE or right != _NONE:
+            self._owners_empty(b, +1)
         if left == _NONE and right == _NONE:
             self._free_set[b] = True
             self._free.append(b)
@@ -354,9 +367,16 @@ class BidirectionalKVManager(KVCacheManager):
         while k > 0:
             if table:
                 b = table[-1]
-                empty = bs - self.lcount[b] - self.rcount[b]
-                take, over = min(k, empty), 0
-                if rt and take == 0 and not self._free:
+                take, over = 0, 0
+                if self._own_empty.get(rid, 0) > 0:
+                    # empty slots in its own blocks, the last one first (a peer that left
+                    # an older block leaves room there)
+                    for b in reversed(table):
+                        empty = bs - self.lcount[b] - self.rcount[b]
+                        if empty:
+                            take = min(k, empty)
+                            break
+                elif rt and not self._free:
                     # No GPU block available: preempt the peer's slots (checkpointed).
                     take = over = min(k, self.rcount[b], self._cpu_room())
                 if take > 0:
@@ -422,6 +442,7 @@ class BidirectionalKVManager(KVCacheManager):
         """Drop the request's GPU slots; the number of slots released."""
         table = self._tables.pop(rid, None)
         if not table:
+            self._own_empty.pop(rid, None)
             return 0
         slots = 0
         rt = self._is_rt.get(rid, True)
@@ -436,6 +457,8 @@ class BidirectionalKVManager(KVCacheManager):
                 self.right[b] = _NONE
                 self.rcount[b] = 0
             self._index(b)
+        if self._own_empty.pop(rid, 0):
+            raise KVInvariantError(f"request {rid}: empty-slot count not zero after release")
         return slots
 
     def _forget_block(self, b: int) -> None:
@@ -526,6 +549,14 @@ class BidirectionalKVManager(KVCacheManager):
             1 for b in range(self.num_blocks) if (self.left[b] == _NONE) != (self.right[b] == _NONE)
         ):
             raise KVInvariantError("stale entries in the one-sided block indexes")
+        own: dict[int, int] = {}
+        for b in range(self.num_blocks):
+            empty = bs - self.lcount[b] - self.rcount[b]
+            for owner in (self.left[b], self.right[b]):
+                if owner != _NONE and empty:
+                    own[owner] = own.get(owner, 0) + empty
+        if {r: e for r, e in self._own_empty.items() if e} != own:
+            raise KVInvariantError("the per-request empty-slot counts are stale")
         for rid, table in self._tables.items():
             rt = self._is_rt.get(rid, True)
             side = self.left if rt else self.right

@@ -13,7 +13,9 @@ Our reading (choices the paper leaves open, all parameters of :class:`RRConfig`)
   :class:`~sloserve.policies.unified.UnifiedScheduler`, ``vllm`` by default) on a view that
   holds only that class's requests; the other class's requests keep their KV cache but do
   not run. When the class whose turn it is has nothing to run, the other class runs in its
-  place (work conserving) and the turn still passes.
+  place (work conserving) and the turn still passes; when neither can run on its own
+  (one class's request cannot grow while the other holds the memory), one vLLM decision
+  over both classes runs instead.
 * **Memory.** A class never evicts the other class's requests (victims come from the class
   whose turn it is, vLLM's rule); requests without a class of their own are RT (the
   default of :class:`~sloserve.core.request.Request`).
@@ -131,8 +133,13 @@ class RoundRobinScheduler(Scheduler):
         other = _BE if turn is _RT else _RT
         self.turn = other
         out = self.inner.schedule(self._class_view(view, turn))
-        if out.empty:
+        if not out.batch:
             out = self.inner.schedule(self._class_view(view, other))
+        if not out.batch:
+            # Neither class can run on its own (e.g. a request cannot grow while the other
+            # class holds the memory): one vLLM decision over both classes, which may
+            # evict across classes, so that the replica never stalls.
+            out = self.inner.schedule(view)
         # The next iteration belongs to the other class: never repeat this one.
         return dataclasses.replace(out, repeatable=False, repeat_reserve_blocks=0)
 
