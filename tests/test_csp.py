@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sloserve.core.errors import ConfigError, SchedulerViolation
 from sloserve.costmodel.base import ConstantCostModel
@@ -74,6 +76,32 @@ def test_csp_equals_exhaustive_search(case: str, objective: str, evict: bool) ->
     assert res.objective is not None and _close(res.objective, bf.value, 1e-5)
     if not evict:
         assert res.evictions == 0
+
+
+@st.composite
+def _tiny(draw: st.DrawFn) -> tuple[list[Job], Limits]:
+    n = draw(st.integers(2, 3))
+    jobs = [Job(i, draw(st.integers(1, 4)), draw(st.integers(1, 3))) for i in range(n)]
+    need = max(j.max_kv for j in jobs)
+    m = draw(st.integers(need, sum(j.max_kv for j in jobs)))
+    c = draw(st.integers(max(j.input_tokens for j in jobs), 8))
+    p = draw(st.integers(1, c))
+    return jobs, Limits(c, p, m, draw(st.integers(1, n)), 1)
+
+
+@settings(
+    max_examples=16, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(_tiny())
+def test_csp_equals_exhaustive_search_on_random_instances(inst: tuple[list[Job], Limits]) -> None:
+    jobs, limits = inst
+    bf = exhaustive_optimum(jobs, limits, CM)
+    J = bf.schedule.num_batches
+    res = solve(jobs, limits, CM, CspOptions(max_batches=J, **FAST))  # type: ignore[arg-type]
+    assert res.status == "optimal" and res.evaluation is not None
+    assert _close(res.evaluation.total_latency, bf.value)
+    # the exhaustive search's own schedule is what the engine does, too
+    assert _close(replay(bf.schedule, jobs, CM, limits).total_latency, bf.value, 1e-12)
 
 
 @pytest.mark.parametrize(("hybrid", "chunked"), [(False, True), (True, False), (False, False)])
