@@ -140,12 +140,18 @@ PRESETS = [
 ]
 
 
-def test_optimum_never_worse_than_any_preset() -> None:
+@pytest.mark.parametrize("online", [False, True])
+def test_optimum_never_worse_than_any_preset(online: bool) -> None:
+    from sloserve.policies.registry import policy_names
+
     jobs = uniform_jobs(3, 6, 3)
+    if online:
+        jobs = [Job(0, 6, 3), Job(1, 4, 2), Job(2, 6, 3, 0.005)]
     limits = Limits(4096, 4096, 14, 256, 1)
-    runs = {p: run_baseline(p, jobs, CM, limits) for p in PRESETS}
+    # the Table 1 presets and every other registered policy that can serve the instance
+    runs = {p: run_baseline(p, jobs, CM, limits) for p in sorted({*PRESETS, *policy_names()})}
     served = {p: b for p, b in runs.items() if b.evaluation is not None}
-    assert len(served) >= 6
+    assert set(PRESETS) <= set(served)
     res = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20, warm_start=tuple(served)))
     assert res.evaluation is not None and res.status in ("optimal", "feasible")
     for p, b in served.items():
