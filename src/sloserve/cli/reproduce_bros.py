@@ -156,7 +156,9 @@ def reproduce_bros(
         rep = reproduce(plan, out, workers=workers, progress=progress, keep_going=keep_going)
     if len(rep.results):
         table = summary_table(rep.results)
-        for exp, part in table.groupby(level="experiment", sort=False):
+        present = set(table.index.get_level_values("experiment"))
+        for exp in [e for e in ("hybrid", "micro", "ablation") if e in present]:
+            part = table[table.index.get_level_values("experiment") == exp]
             part = part.droplevel("experiment").dropna(axis=1, how="all")
             console.print(f"[bold]{exp}[/bold] (mean over RT rates)")
             console.print(part.to_string(), highlight=False)
