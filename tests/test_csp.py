@@ -126,6 +126,16 @@ def test_forbidden_features_match_exhaustive(hybrid: bool, chunked: bool) -> Non
     assert bf.value >= free.value - 1e-12  # forbidding a feature never helps
 
 
+def test_batches_sufficient_certifies_a_global_optimum() -> None:
+    jobs, limits = TINY["two-evict"]
+    res = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20))
+    assert res.status == "optimal" and res.batches_sufficient is True
+    assert res.latency is not None
+    assert _close(res.latency, exhaustive_optimum(jobs, limits, CM).value)
+    tight = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20, max_batches=2))
+    assert tight.status == "infeasible" and tight.batches_sufficient is False
+
+
 def test_evicting_optimum_beats_eviction_free_on_a_tiny_instance() -> None:
     jobs, limits = TINY["two-evict"]
     with_e = exhaustive_optimum(jobs, limits, CM)

@@ -389,10 +389,17 @@ def solve(
     t_min = _min_batch_time(cost_model)
     sufficient: bool | None = None
     if hint_eval is not None and opts.objective in ("latency", "makespan") and t_min > 0:
-        # Σ latency ≥ makespan − max T ≥ (busy batches)·t_min − max T: a schedule better
-        # than the hint cannot use more batches than this.
-        slack = max(j.arrival_s for j in jobs) if opts.objective == "latency" else 0.0
-        need = math.floor((hint_eval.metric(opts.objective) + slack) / t_min * (1 + 1e-9))
+        # A schedule with K busy batches has makespan ≥ K·t_min. For total latency the
+        # last request to finish contributes ≥ K·t_min − max T and every other one ≥ O_i
+        # batches (one per token)·t_min; a schedule better than the hint therefore uses
+        # at most `need` batches.
+        value = hint_eval.metric(opts.objective) * (1 + 1e-9)
+        if opts.objective == "latency":
+            outs = [j.output_tokens for j in jobs]
+            slack = max(j.arrival_s for j in jobs)
+            need = math.floor((value + slack) / t_min - (sum(outs) - max(outs)))
+        else:
+            need = math.floor(value / t_min)
         sufficient = need <= J
 
     unit = opts.time_unit_s
