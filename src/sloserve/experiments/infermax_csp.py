@@ -14,7 +14,7 @@ cost model (the profile's). ``latency_gap_pct = (best_ef − optimal) / best_ef 
 positive when evicting helps. The solver status and gap are always reported: a row whose
 status is ``feasible`` is the best schedule found within ``time_limit_s``, not a proven
 optimum. Both solves use the same number of batches J (the largest batch count of the
-presets' schedules).
+presets' schedules), so ``optimal`` means optimal among schedules of at most J batches.
 """
 
 from __future__ import annotations
