@@ -127,7 +127,9 @@ ops = st.lists(
     bs=st.sampled_from([1, 2, 4, 16]),
     cpu=st.integers(0, 4),
 )
-def test_invariants_hold_under_any_operations(ops, classes, blocks, bs, cpu) -> None:
+def test_invariants_hold_under_any_operations(
+    ops: list[tuple[str, int, int]], classes: list[bool], blocks: int, bs: int, cpu: int
+) -> None:
     kv = BidirectionalKVManager(blocks, bs, cpu)
     for rid, is_rt in enumerate(classes):
         kv.note_class(rid, RT if is_rt else BE)
