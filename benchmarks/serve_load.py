@@ -153,13 +153,14 @@ def _serve_process(cfg_json: str, sock: socket.socket, out: str, ready: Any) -> 
     """The gateway in a child process; at shutdown it dumps the engine's emit times."""
     import uvicorn
 
-    from sloserve.serve.api import create_app
+    from sloserve.serve.api import create_app, server_options
 
     be = EmulatedBackend(EmulatedConfig.model_validate_json(cfg_json))
     be.log = []
     config = uvicorn.Config(
-        create_app(be), log_level="warning", timeout_graceful_shutdown=5, backlog=4096
-    )
+        create_app(be), log_level="warning", timeout_graceful_shutdown=5, backlog=4096,
+        **server_options(),
+    )  # fmt: skip
     server = uvicorn.Server(config)
     emitted: dict[str, list[float]] = {}
 

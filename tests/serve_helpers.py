@@ -16,7 +16,7 @@ import uvicorn
 
 from sloserve.core.request import Request
 from sloserve.experiments.runner import InstanceConfig
-from sloserve.serve.api import GatewayServer, GatewaySettings, create_app
+from sloserve.serve.api import GatewayServer, GatewaySettings, create_app, server_options
 from sloserve.serve.backend import Backend
 from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
 
@@ -58,7 +58,7 @@ def live_server(
     drain = (settings or GatewaySettings()).drain_timeout_s
     config = uvicorn.Config(
         create_app(be, settings), log_level="warning",
-        timeout_graceful_shutdown=int(drain) + 5, lifespan="on",
+        timeout_graceful_shutdown=int(drain) + 5, lifespan="on", **server_options(),
     )  # fmt: skip
     server = GatewayServer(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -195,7 +195,7 @@ def serve(
 
     import uvicorn
 
-    from sloserve.serve.api import GatewayServer, create_app
+    from sloserve.serve.api import GatewayServer, create_app, server_options
 
     err_console.print(f"sloserve serve: {what} on http://{host}:{port}/v1")
     server_config = uvicorn.Config(
@@ -205,6 +205,7 @@ def serve(
         log_level=log_level,
         # a backstop: the gateway itself ends what is left after --drain-timeout
         timeout_graceful_shutdown=int(drain_timeout) + 5,
+        **server_options(),  # uvloop and httptools when installed
     )
     GatewayServer(server_config).run()
 

@@ -38,13 +38,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -152,9 +153,27 @@ def _header_list(names: list[str]) -> str:
 _DONE = "data: [DONE]\n\n"
 
 
-class _ClosingStreamingResponse(StreamingResponse):
-    """Closes its body iterator however the response ends (a client disconnect included),
-    so that the backend's generator runs its cleanup (abort, free KV) at once."""
+def server_options() -> dict[str, str]:
+    """uvicorn's fastest event loop and HTTP parser when installed (``uvloop``,
+    ``httptools``: the ``serve`` extra), else the pure-Python ones."""
+    from importlib.util import find_spec
+
+    return {
+        "loop": "uvloop" if find_spec("uvloop") else "asyncio",
+        "http": "httptools" if find_spec("httptools") else "h11",
+    }
+
+
+_RAW_SEND = "sloserve.raw_send"
+"""Scope key of the server's own ``send`` (stashed by :class:`_GatewayApp`)."""
+
+_Write = Callable[[bytes], Awaitable[None]]
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI, keeping the server's ``send`` in the scope: token writes skip the
+    middleware layers (each wraps ``send`` in a coroutine of its own; per token that was a
+    good share of the gateway's cost). The response start and end still go through them."""
 
     async def __call__(
         self,
@@ -162,12 +181,63 @@ class _ClosingStreamingResponse(StreamingResponse):
         receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
         send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
     ) -> None:
+        if scope["type"] == "http":
+            scope[_RAW_SEND] = send
+        await super().__call__(scope, receive, send)
+
+
+class _SSEResponse(Response):
+    """A server-sent-events response written by ``run(write)``.
+
+    Leaner than Starlette's ``StreamingResponse`` on the per-token path: no async
+    iterator chain and no anyio task group around each write. A client disconnect is
+    watched by one idle task that cancels the writer, whose ``finally`` closes the
+    backend's stream (abort, free KV) and records the request as cancelled.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, run: Callable[[_Write], Awaitable[None]], headers: dict[str, str]) -> None:
+        # Not Response.__init__: that would set a body and a content-length.
+        self.status_code = 200
+        self.background = None
+        self._run = run
+        self.init_headers(headers)
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        raw = scope.get(_RAW_SEND, send)
+        task = asyncio.current_task()
+        state = {"done": False, "gone": False}
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["done"] and task is not None:
+                state["gone"] = True
+                task.cancel()
+
+        async def write(data: bytes) -> None:
+            await raw({"type": "http.response.body", "body": data, "more_body": True})
+
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        watcher = asyncio.ensure_future(watch())
         try:
-            await super().__call__(scope, receive, send)
+            await self._run(write)
+            state["done"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            if task is not None:
+                task.uncancel()  # the client left: this response is over, not the server
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            state["done"] = True
+            watcher.cancel()
 
 
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")
@@ -247,7 +317,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         finally:
             await drain()
 
-    app = FastAPI(
+    app = _GatewayApp(
         title="sloserve gateway",
         description="OpenAI-compatible streaming gateway running sloserve's scheduling policies.",
         version="0.1",
@@ -333,8 +403,13 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                     400, f"unknown parameter{'s' if len(extra) > 1 else ''}: {names}",
                     param=extra[0], code="unknown_parameter",
                 )  # fmt: skip
-            headers["x-sloserve-ignored-params"] = _header_list(extra)
+            forwarded = backend.forwards_unknown_params
+            what = "forwarded" if forwarded else "ignored"
+            headers[f"x-sloserve-{what}-params"] = _header_list(extra)
         dumped = body.model_dump(exclude_unset=True)
+        if extra and not backend.forwards_unknown_params:
+            for k in extra:  # the header says "ignored": make it so
+                dumped.pop(k, None)
         bad = unsupported_params(body) + backend.check_params(dumped)
         if bad:
             raise _ApiError(
@@ -406,25 +481,30 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
             await _close(agen)
             raise
         rec = RequestRecord(cls, arrival, greq.slo, greq.qoe)
-        stream: AsyncIterator[TokenChunk] = _chain(first, agen)
-        drain: Callable[[], list[TokenChunk]] | None = getattr(agen, "drain_nowait", None)
-        if cfg.pacing and greq.qoe is not None:
-            drain = None  # the pacer releases tokens one by one
-            from sloserve.serve.pacer import TokenPacer
-
-            stream = TokenPacer(stream, greq.qoe.tokens_per_s, weight=lambda c: c.num_tokens)
+        opts = body.stream_options
         factory = ChunkFactory(
             greq.request_id,
             body.model,
             chat,
-            bool(body.stream_options is not None and body.stream_options.include_usage),
+            bool(opts is not None and opts.include_usage),
+            continuous_usage=bool(opts is not None and opts.continuous_usage_stats),
+            prompt_tokens=greq.prompt_tokens,
         )
-        if body.stream:
-            return _ClosingStreamingResponse(
-                _sse_events(stream, agen, factory, rec, greq.prompt_tokens, chat, drain),
-                media_type="text/event-stream",
-                headers={**headers, "cache-control": "no-cache"},
+        head: TokenChunk | None = first
+        source: AsyncIterator[TokenChunk] = agen
+        drain: Callable[[], list[TokenChunk]] | None = getattr(agen, "drain_nowait", None)
+        if cfg.pacing and greq.qoe is not None:
+            from sloserve.serve.pacer import TokenPacer
+
+            # the pacer releases tokens one by one, the first included
+            source = TokenPacer(
+                _chain(first, agen), greq.qoe.tokens_per_s, weight=lambda c: c.num_tokens
             )
+            head, drain = None, None
+        if body.stream:
+            run = partial(_write_sse, head, source, agen, drain, factory, rec, greq.prompt_tokens)
+            return _SSEResponse(partial(run, chat), {**headers, "cache-control": "no-cache"})
+        stream = source if head is None else _chain(head, source)
         try:
             return await _unless_disconnected(
                 request, _full(stream, agen, factory, rec, greq.prompt_tokens, headers)
@@ -432,54 +512,66 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         except _Disconnected:
             return Response(status_code=499)
 
-    async def _sse_events(
-        stream: AsyncIterator[TokenChunk],
+    async def _write_sse(
+        first: TokenChunk | None,
+        source: AsyncIterator[TokenChunk],
         agen: AsyncIterator[TokenChunk],
+        drain: Callable[[], list[TokenChunk]] | None,
         factory: ChunkFactory,
         rec: RequestRecord,
         n_prompt: int,
         chat: bool,
-        drain: Callable[[], list[TokenChunk]] | None,
-    ) -> AsyncIterator[str]:
+        write: _Write,
+    ) -> None:
+        """Write one SSE stream: per wake-up, every chunk the backend has ready (``first``,
+        then what ``drain`` hands over) goes out in one write, one SSE event per token;
+        the last tokens, the usage chunk and ``[DONE]`` share a write."""
         status = "cancelled"
         completion = 0
+        nxt = source.__anext__
+        events: list[str] = [factory.role_event()] if chat else []
         try:
-            if chat:
-                yield sse(factory.role_chunk())
             try:
-                async for chunk in stream:
-                    now = time.monotonic()
-                    # Chunks the backend already produced go out in the same write: one SSE
-                    # event per token still, but one send for a backlog.
+                chunk = first if first is not None else await nxt()
+                while True:
                     batch = [chunk, *drain()] if drain and chunk.finish_reason is None else [chunk]
-                    events: list[str] = []
+                    n = 0
                     try:
                         for c in batch:
-                            rec.tokens(now, c.num_tokens)
-                            completion += c.num_tokens
+                            n += c.num_tokens
                             if c.text or c.finish_reason is not None:
-                                events.append(factory.token_event(c.text, _finish(c)))
+                                events.append(
+                                    factory.token_event(c.text, _finish(c), completion + n)
+                                )
                     finally:
-                        if events:
-                            yield "".join(events)
+                        completion += n
+                        rec.tokens(time.monotonic(), n)
                     last = batch[-1]
                     if last.finish_reason is not None:
                         if last.prompt_tokens is not None:
                             n_prompt = last.prompt_tokens
                         break
-                else:
-                    raise ServeError("the backend ended the stream without a finish reason")
+                    await write("".join(events).encode())
+                    events.clear()
+                    try:
+                        chunk = await nxt()
+                    except StopAsyncIteration:
+                        raise ServeError(
+                            "the backend ended the stream without a finish reason"
+                        ) from None
             except ServeError as e:
                 status = "error"
-                yield sse(error_body(str(e), "api_error", None, e.reason))
-                yield _DONE
+                events.append(sse(error_body(str(e), "api_error", None, e.reason)))
+                events.append(_DONE)
+                await write("".join(events).encode())
                 return
             if factory.include_usage:
-                yield sse(factory.usage_chunk(n_prompt, completion))
-            yield _DONE
+                events.append(sse(factory.usage_chunk(n_prompt, completion)))
+            events.append(_DONE)
+            await write("".join(events).encode())
             status = "ok"
         finally:
-            await _close(stream, agen)
+            await _close(source, agen)
             metrics.finish(rec, status)
 
     async def _full(

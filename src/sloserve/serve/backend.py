@@ -145,9 +145,15 @@ class Backend(abc.ABC):
 
     @property
     def queue_size(self) -> int:
-        """Requests accepted and waiting to start (``sloserve_queue_size``): by default the
-        replicas' waiting requests; a backend with its own queue reports that one."""
-        return sum(r.waiting for r in self.replicas())
+        """Requests waiting in the backend's *own* queue in front of its replicas (a
+        gateway queue); 0 by default. ``sloserve_queue_size`` adds the replicas'
+        ``waiting`` to it, so a backend reports only what its replicas do not."""
+        return 0
+
+    forwards_unknown_params: bool = False
+    """Whether unknown body fields reach the engine (lenient mode): ``True`` keeps them
+    in :attr:`GenerationRequest.body` and names them in ``x-sloserve-forwarded-params``;
+    ``False`` strips them and names them in ``x-sloserve-ignored-params``."""
 
     def max_context(self) -> int | None:
         """The served model's context length in tokens, if the backend knows it: the API

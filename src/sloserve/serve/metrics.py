@@ -12,8 +12,9 @@ the simulated times divided by the scale).
   it ended.
 * ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
 * ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
-* ``sloserve_queue_size``: requests accepted and not yet started
-  (:attr:`Backend.queue_size`: the replicas' waiting requests, or a gateway's own queue);
+* ``sloserve_queue_size``: requests accepted and not yet started: the replicas' waiting
+  requests plus the backend's own queue (:attr:`Backend.queue_size`, the ``openai``
+  backend's gateway queue);
   ``sloserve_replica_running``, ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy``
   per replica (read from the backend at scrape time).
 """
@@ -60,18 +61,35 @@ def status_of_http(code: int) -> str:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """What the gateway saw of one request: arrival and token delivery times (monotonic)."""
+    """What the gateway saw of one request: arrival and token delivery times (monotonic).
+
+    Only the first and last delivery times and the count are kept (TTFT, TPOT and
+    duration need no more): the full timeline only for a request with a ``qoe`` spec,
+    whose QoE needs every token's time. :meth:`tokens` is called once per write."""
 
     request_class: str
     arrival: float
     slo: SLO = field(default_factory=SLO)
     qoe: QoESpec | None = None
-    token_times: list[float] = field(default_factory=list)
+    first: float = math.nan
+    last: float = math.nan
+    count: int = 0
+    token_times: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.qoe is not None and self.token_times is None:
+            self.token_times = []
 
     def tokens(self, now: float, n: int) -> None:
-        times = self.token_times
-        for _ in range(n):
-            times.append(now)
+        """``n`` tokens delivered at ``now``."""
+        if n <= 0:
+            return
+        if not self.count:
+            self.first = now
+        self.last = now
+        self.count += n
+        if self.token_times is not None:
+            self.token_times.extend([now] * n)
 
 
 class _ReplicaCollector(Collector):
@@ -81,7 +99,8 @@ class _ReplicaCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         states = list(self.backend.replicas())
         queue = GaugeMetricFamily("sloserve_queue_size", "Requests accepted, not yet started")
-        queue.add_metric([], float(self.backend.queue_size))
+        waiting = sum(s.waiting for s in states)
+        queue.add_metric([], float(waiting + self.backend.queue_size))
         yield queue
         families = {
             "running": GaugeMetricFamily(
@@ -154,25 +173,27 @@ class GatewayMetrics:
         """A request that was accepted ended with ``status``; record its latencies."""
         cls = rec.request_class
         self.requests.labels(status, cls).inc()
-        times = rec.token_times
-        if not times:
+        n = rec.count
+        if not n:
             return
-        ttft = times[0] - rec.arrival
+        ttft = rec.first - rec.arrival
         self.ttft.labels(cls).observe(ttft)
-        tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else math.nan
-        if len(times) > 1:
+        tpot = (rec.last - rec.first) / (n - 1) if n > 1 else math.nan
+        if n > 1:
             self.tpot.labels(cls).observe(tpot)
-        duration = times[-1] - rec.arrival
+        duration = rec.last - rec.arrival
         self.duration.labels(cls).observe(duration)
         if status != "ok":
             return
         slo = rec.slo
         if slo.ttft_s is not None and ttft > slo.ttft_s:
             self.violations.labels(cls, "ttft").inc()
-        if slo.tpot_s is not None and len(times) > 1 and tpot > slo.tpot_s:
+        if slo.tpot_s is not None and n > 1 and tpot > slo.tpot_s:
             self.violations.labels(cls, "tpot").inc()
         if slo.deadline_s is not None and duration > slo.deadline_s:
             self.violations.labels(cls, "deadline").inc()
-        if rec.qoe is not None:
+        if rec.qoe is not None and rec.token_times:
             q = rec.qoe
-            self.qoe.labels(cls).observe(andes_qoe(rec.arrival, times, q.ttft_s, q.tokens_per_s))
+            self.qoe.labels(cls).observe(
+                andes_qoe(rec.arrival, rec.token_times, q.ttft_s, q.tokens_per_s)
+            )

@@ -12,8 +12,14 @@ Request bodies are pydantic models (they also make the OpenAPI schema). Choices:
   validated and forwarded by the ``openai`` backend; the emulated backend does not sample
   (it streams deterministic filler) and rejects a non-empty ``stop`` it could not honour.
 * **Unknown fields**: *strict* mode answers 400 naming them; *lenient* mode (the default,
-  because benchmark clients send vendor fields) ignores them and names them in the
-  response header ``x-sloserve-ignored-params`` — never silently.
+  because benchmark clients send vendor fields) names them in a response header, never
+  silently: ``x-sloserve-forwarded-params`` when the backend passes them on to its engines
+  (the ``openai`` backend: vLLM's vendor fields keep working), ``x-sloserve-ignored-params``
+  when it does not (the emulated backend; they are dropped from the request).
+* ``stream_options.continuous_usage_stats`` (vLLM's; guidellm always sends it): with
+  ``include_usage`` every chunk carries ``usage`` with the running counts (the role chunk
+  0 completion tokens, each token chunk the tokens streamed so far); without
+  ``include_usage`` it does nothing, as in vLLM.
 * **Prompt tokens** are counted without a tokenizer: words and punctuation marks (regex
   ``\\w+|[^\\w\\s]``) plus one BOS token; a token-id prompt counts its ids; a chat adds 3
   tokens per message and 3 to prime the reply (OpenAI's published estimate). The count is
@@ -77,7 +83,8 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
-    """vLLM's usage on every chunk: not supported (rejected when true)."""
+    """vLLM's running usage on every chunk (with ``include_usage``; alone it does nothing,
+    as in vLLM)."""
 
 
 # ----------------------------------------------------------------------------- requests
@@ -174,8 +181,6 @@ def unsupported_params(body: AnyRequest) -> list[str]:
         bad.append("n")
     if body.logit_bias:
         bad.append("logit_bias")
-    if body.stream_options is not None and body.stream_options.continuous_usage_stats:
-        bad.append("stream_options.continuous_usage_stats")
     if isinstance(body, CompletionRequest):
         if body.best_of not in (None, 1):
             bad.append("best_of")
@@ -263,34 +268,64 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
+_json_str = json.encoder.encode_basestring_ascii
+"""The C string encoder behind ``json.dumps(str)`` (the same output, without the dispatch)."""
+
+
 class ChunkFactory:
-    """Builds the exact OpenAI objects of one response (ids, ``created``, model fixed)."""
+    """Builds the exact OpenAI objects of one response (ids, ``created``, model fixed).
 
-    __slots__ = ("_prefix", "_suffix", "chat", "created", "id", "include_usage", "model")
+    The hot path, :meth:`token_event` (one SSE event per token), splices the token's text
+    (and with continuous usage the running counts) into a template encoded once per
+    stream: the same bytes as ``sse(token_chunk(text, None))`` without building a dict.
+    """
 
-    def __init__(self, request_id: str, model: str, chat: bool, include_usage: bool) -> None:
+    __slots__ = (
+        "_prefix", "_suffix", "_usage_head", "chat", "continuous_usage", "created", "id",
+        "include_usage", "model", "prompt_tokens",
+    )  # fmt: skip
+
+    def __init__(
+        self, request_id: str, model: str, chat: bool, include_usage: bool,
+        continuous_usage: bool = False, prompt_tokens: int = 0,
+    ) -> None:  # fmt: skip
         self.id = request_id
         self.model = model
         self.chat = chat
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage and include_usage
+        """vLLM's ``continuous_usage_stats``: ``usage`` with the running counts on every
+        chunk (only with ``include_usage``, as vLLM)."""
+        self.prompt_tokens = prompt_tokens
         self.created = int(time.time())
-        # The hot path (one event per token) splices the text into a pre-encoded chunk:
-        # the same bytes as ``sse(token_chunk(text, None))``, without building a dict.
         head = json.dumps(self._base(), separators=(",", ":"))[:-1]
         field = '"delta":{"content":' if chat else '"text":'
         self._prefix = f'data: {head},"choices":[{{"index":0,{field}'
-        self._suffix = (
-            ("}" if chat else "")
-            + ',"logprobs":null,"finish_reason":null}]'
-            + (',"usage":null' if include_usage else "")
-            + "}\n\n"
-        )
+        close = ("}" if chat else "") + ',"logprobs":null,"finish_reason":null}]'
+        self._usage_head = f'{close},"usage":{{"prompt_tokens":{prompt_tokens},"completion_tokens":'
+        self._suffix = close + (',"usage":null' if include_usage else "") + "}\n\n"
 
-    def token_event(self, text: str, finish_reason: str | None) -> str:
-        """The SSE event (``data: …``) of one token chunk."""
+    def token_event(self, text: str, finish_reason: str | None, completion: int = 0) -> str:
+        """The SSE event (``data: …``) of one token chunk; ``completion`` is the number of
+        tokens streamed so far, this one included (used with continuous usage)."""
         if finish_reason is None and text:
-            return self._prefix + json.dumps(text) + self._suffix
-        return sse(self.token_chunk(text, finish_reason))
+            if self.continuous_usage:
+                return (
+                    f"{self._prefix}{_json_str(text)}{self._usage_head}{completion},"
+                    f'"total_tokens":{self.prompt_tokens + completion}}}}}\n\n'
+                )
+            return self._prefix + _json_str(text) + self._suffix
+        out = self.token_chunk(text, finish_reason)
+        if self.continuous_usage:
+            out["usage"] = usage(self.prompt_tokens, completion)
+        return sse(out)
+
+    def role_event(self) -> str:
+        """The SSE event of the chat role chunk."""
+        out = self.role_chunk()
+        if self.continuous_usage:
+            out["usage"] = usage(self.prompt_tokens, 0)
+        return sse(out)
 
     def _base(self) -> dict[str, Any]:
         out: dict[str, Any] = {
