@@ -13,8 +13,10 @@ Latencies are total latencies Σ_i (finish_i − arrival_i) in seconds, priced b
 cost model (the profile's). ``latency_gap_pct = (best_ef − optimal) / best_ef · 100``:
 positive when evicting helps. The solver status and gap are always reported: a row whose
 status is ``feasible`` is the best schedule found within ``time_limit_s``, not a proven
-optimum. Both solves use the same number of batches J (the largest batch count of the
-presets' schedules), so ``optimal`` means optimal among schedules of at most J batches.
+optimum. Both solves use the same number of batches J: the number that provably cannot
+cut off a better schedule (``batches_needed``) when it is at most twice the presets' largest
+batch count, else that count. ``batches_sufficient`` says which: when True an ``optimal``
+row is a global optimum, else it is optimal among schedules of at most J batches.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from sloserve.core.errors import ConfigError
 from sloserve.costmodel.base import CostModel
 from sloserve.costmodel.profile import load_profile
 from sloserve.engine.interface import Limits
-from sloserve.optimal.csp import Baseline, CspOptions, CspResult, run_baseline, solve
+from sloserve.optimal.csp import (
+    Baseline,
+    CspOptions,
+    CspResult,
+    batches_needed,
+    run_baseline,
+    solve,
+)
 from sloserve.optimal.schedule import Job, Schedule, evaluate, record_policy, uniform_jobs
 
 TABLE1_PRESETS = ("vllm", "sarathi", "sarathi-p=c", "sarathi-nocp", "vllm-hy", "sarathi-nohy")
@@ -92,7 +101,12 @@ def csp_eviction_sweep(
             raise ConfigError(f"I={inp}: no preset could serve the instance")
         best_preset = min(ok, key=lambda p: ok[p][0])
         best_preset_latency = ok[best_preset][0]
-        J = max(s.num_batches for _lat, s in ok.values())
+        # J: enough batches to prove global optimality when that is at most twice the
+        # presets' largest batch count (short inputs); else the presets' count (a larger
+        # model searches worse within the limit)
+        j0 = max(sched.num_batches for _lat, sched in ok.values())
+        need = batches_needed(jobs, best_preset_latency, "latency", cost_model) or j0
+        J = need if j0 < need <= 2 * j0 else j0
         base = CspOptions(
             max_batches=J,
             time_limit_s=time_limit_s,
@@ -201,6 +215,7 @@ def _row(
         "ef_gap": ef.gap,
         "optimal_batches": opt.schedule.num_batches if opt.schedule else None,
         "max_batches": J,
+        "batches_sufficient": opt.batches_sufficient,
         "solve_seconds": opt.solve_seconds + ef.solve_seconds,
         "optimal_schedule": schedule_text(opt.schedule),
     }

@@ -292,6 +292,28 @@ def _min_batch_time(cost_model: CostModel) -> float:
     return min(one_decode, one_prefill)
 
 
+def batches_needed(
+    jobs: Sequence[Job], value: float, objective: str, cost_model: CostModel
+) -> int | None:
+    """The most batches a schedule whose ``objective`` is at most ``value`` can use (None
+    for the TTFT and TPOT objectives, which do not bound it).
+
+    A schedule with K busy batches has makespan ≥ K·t_min (t_min: the shortest possible
+    batch). For total latency the last request to finish contributes ≥ K·t_min − max T and
+    every other one ≥ O_i batches (one per token)·t_min. So a J ≥ this bound cannot cut off
+    a schedule better than ``value``.
+    """
+    t_min = _min_batch_time(cost_model)
+    if objective not in ("latency", "makespan") or not t_min > 0:
+        return None
+    v = value * (1 + 1e-9)
+    if objective == "makespan":
+        return math.floor(v / t_min)
+    outs = [j.output_tokens for j in jobs]
+    slack = max(j.arrival_s for j in jobs)
+    return max(0, math.floor((v + slack) / t_min - (sum(outs) - max(outs))))
+
+
 def _feasible_for(sched: Schedule, options: CspOptions, jobs: Sequence[Job]) -> bool:
     """Whether a recorded schedule respects the forbidden features (for use as a hint)."""
     if not options.allow_eviction and sched.evictions:
@@ -386,21 +408,10 @@ def solve(
             math.ceil(j.input_tokens / limits.max_prefill_tokens) + j.output_tokens - 1
             for j in jobs
         )
-    t_min = _min_batch_time(cost_model)
     sufficient: bool | None = None
-    if hint_eval is not None and opts.objective in ("latency", "makespan") and t_min > 0:
-        # A schedule with K busy batches has makespan ≥ K·t_min. For total latency the
-        # last request to finish contributes ≥ K·t_min − max T and every other one ≥ O_i
-        # batches (one per token)·t_min; a schedule better than the hint therefore uses
-        # at most `need` batches.
-        value = hint_eval.metric(opts.objective) * (1 + 1e-9)
-        if opts.objective == "latency":
-            outs = [j.output_tokens for j in jobs]
-            slack = max(j.arrival_s for j in jobs)
-            need = math.floor((value + slack) / t_min - (sum(outs) - max(outs)))
-        else:
-            need = math.floor(value / t_min)
-        sufficient = need <= J
+    if hint_eval is not None:
+        need = batches_needed(jobs, hint_eval.metric(opts.objective), opts.objective, cost_model)
+        sufficient = None if need is None else need <= J
 
     unit = opts.time_unit_s
 
@@ -409,7 +420,7 @@ def solve(
 
     model = cp_model.CpModel()
     t0 = time.perf_counter()
-    built = _build(model, cp_model, jobs, limits, coef, J, opts, q, t_min)
+    built = _build(model, cp_model, jobs, limits, coef, J, opts, q, _min_batch_time(cost_model))
 
     target: float | None = None
     if opts.better_than:
