@@ -15,7 +15,9 @@ Algorithm 1, the priority-based packing algorithm, runs at every iteration:
 2. **BE next**, by ascending checkpointed (CPU) KV blocks ``M_j^cpu``: a BE request is
    *packed* when the batch still has room in ``B_curr`` and in ``T_min^res``; otherwise it
    *replaces* the least urgent RT request of the batch when that makes it fit; otherwise
-   the loop stops. A BE request only takes free KV memory (FindBlock), never evicts.
+   the loop stops. A BE request only takes free KV memory (FindBlock), never evicts; one
+   that finds no memory is skipped (memory, unlike the size and time budgets, is not
+   monotone over the BE order).
 3. **Adaptive batch size**: ``B_curr`` starts at ``B_base`` (128), doubles (up to R_max)
    after an iteration with no RT request in the queues, and goes back to ``B_base`` when
    the estimated batch time of the RT loop exceeds ``T_min^res`` (a predicted miss).
@@ -50,11 +52,17 @@ Choices where the paper is silent (parameters of :class:`BROSConfig` where they 
   over the ranking, and breaking can deadlock a replica whose most urgent request (say, a
   long refill) can never fit while a less urgent one holds the memory and could run.
 * Progressive dropping (no free and no BE block left for an urgent RT request): BE
-  requests not in the batch first (newest first), then RT requests not in the batch that
+  requests not in the batch first (most checkpointed slots first: they cannot run until
+  their slots come back; then newest), then RT requests not in the batch that
   are less urgent than the candidate (most residual time first), evicted with ``swap``
   (recompute when the CPU tier is full) for ``bros`` and with ``recompute`` for
   ``bros-nobicache`` (``preemption_mode``); nobody is evicted unless evicting all
-  candidates makes room.
+  candidates makes room. When nothing at all can run (BE requests waiting for room that
+  partially checkpointed BE requests hold, and no RT request left to finish), BE
+  requests are dropped the same way until one can run: the replica never stalls.
+* With bidirectional blocks, replacing an RT request frees its batch slot and time but
+  the plan keeps its memory (placements on shared blocks cannot be undone cheaply), so
+  replacement is not tried for BE requests that failed for memory.
 * Ties among BE requests (equal ``M_j^cpu``): pending ones (KV on the GPU) before new
   ones — the cheapest to continue first — then ``order`` (arrival by default).
 * BE admission headroom: a new BE request must leave ``watermark`` (5%) of the KV blocks
