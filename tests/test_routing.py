@@ -166,3 +166,13 @@ def test_register_router_extension_and_duplicates() -> None:
         routing._ROUTERS.pop("test-kv-only")
     with pytest.raises(ConfigError, match="already registered"):
         register_router("least-loaded", lambda seed: make_router("round-robin"))
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_scores_count_as_worst_and_never_crash(bad: float) -> None:
+    r = make_router("slo-aware")
+    reps = [rep("a", ttft=bad), rep("b", ttft=0.5), rep("c", ttft=bad)]
+    assert r.pick(greq(), reps) == 1
+    assert r.pick(greq(), [rep("a", ttft=bad), rep("b", ttft=bad)]) in (0, 1)
+    weird = PipelineRouter([], [Scorer("x", lambda q, s: s.running or math.nan)])
+    assert weird.pick(greq(), [rep("a"), rep("b", running=3), rep("c", running=1)]) == 2

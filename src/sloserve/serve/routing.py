@@ -119,16 +119,24 @@ def normalised_scores(
     cand: Sequence[int],
     scorers: Sequence[Scorer],
 ) -> list[float]:
-    """Weighted sum over scorers of min-max normalised costs, one per candidate."""
+    """Weighted sum over scorers of min-max normalised costs, one per candidate.
+
+    A non-finite cost (``nan``: no idea, ``inf``: hopeless) counts as the worst, 1, so it
+    neither wins nor spoils the normalisation of the others.
+    """
     total = [0.0] * len(cand)
     for s in scorers:
-        raw = [s.fn(req, replicas[i]) for i in cand]
-        lo, hi = min(raw), max(raw)
+        raw = [float(s.fn(req, replicas[i])) for i in cand]
+        finite = [v for v in raw if math.isfinite(v)]
+        if not finite or (len(finite) == len(raw) and min(finite) == max(finite)):
+            continue  # every candidate equal on this criterion: it cannot decide
+        lo, hi = min(finite), max(finite)
         span = hi - lo
-        if span <= 0:  # every candidate equal on this criterion: it cannot decide
-            continue
         for k, v in enumerate(raw):
-            total[k] += s.weight * (v - lo) / span
+            if not math.isfinite(v):
+                total[k] += s.weight
+            elif span > 0:
+                total[k] += s.weight * (v - lo) / span
     return total
 
 
