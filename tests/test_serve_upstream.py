@@ -50,6 +50,8 @@ class FakeEngine:
         self.healthy = True
         self.metrics = ""
         self.disconnected = 0
+        self.junk = "42"
+        """What ``junk`` mode sends as its only SSE data (valid JSON, not a chunk object)."""
         app = FastAPI()
 
         @app.get("/health")
@@ -99,6 +101,9 @@ class FakeEngine:
 
         async def events() -> AsyncIterator[str]:
             try:
+                if mode == "junk":
+                    yield "data: " + self.junk + "\n\n"
+                    return
                 if chat:
                     yield (
                         "data: "
@@ -165,6 +170,7 @@ def fakes(engines: list[tuple[str, FakeEngine]]) -> list[tuple[str, FakeEngine]]
         fe.bodies.clear()
         fe.mode, fe.tokens, fe.tokens_per_chunk, fe.delay = "ok", 4, 1, 0.0
         fe.healthy, fe.metrics, fe.disconnected, fe.drop_after = True, "", 0, 1
+        fe.junk = "42"
     return engines
 
 
@@ -536,8 +542,9 @@ def test_breaker_opens_half_opens_and_recovers() -> None:
     br.record_failure()  # probe failed: open again, for another 5 s
     assert br.state is BreakerState.OPEN and br.times_opened == 2
     now[0] = 10.0
-    assert br.allow()
-    br.release()  # probe ended without a verdict: slot back
+    permit = br.acquire()
+    assert permit is not None
+    br.release(permit)  # probe ended without a verdict: slot back
     assert br.allow()
     br.record_success()
     assert br.state is BreakerState.CLOSED and br.allow() and br.allow()
@@ -875,3 +882,154 @@ def test_a_silent_upstream_times_out_instead_of_hanging(fakes: Any) -> None:
 
     got, err = run_backend(cfg, go)
     assert len(got) == 2 and err.reason == "upstream_error" and "ReadTimeout" in str(err)
+
+
+# ---------------------------------------------------------------------------- review fixes
+
+
+def test_cancelled_after_its_slot_was_granted_returns_its_queued_prompt_tokens() -> None:
+    async def main() -> None:
+        b = offline_backend()
+        first = greq()
+        b._take(0, first)
+        t = asyncio.create_task(b._acquire(greq(prompt=500), frozenset()))
+        await asyncio.sleep(0.01)
+        b._release(0, first, True)  # grants the waiter's future before its task resumes
+        b._ups[0].queued_prompt_tokens -= first.prompt_tokens  # (generate() does this)
+        t.cancel()  # the client goes away in that instant
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        assert b.in_flight == 0 and b.queue_size == 0
+        assert b._ups[0].queued_prompt_tokens == 0
+
+    asyncio.run(main())
+
+
+def test_half_open_admits_one_probe_even_when_other_requests_end_without_verdict() -> None:
+    now = [0.0]
+    br = CircuitBreaker(failure_threshold=1, open_s=1.0, clock=lambda: now[0])
+    old = br.acquire()  # sent while closed, still streaming
+    assert old is not None
+    br.record_failure()  # another request failed: open
+    now[0] = 1.0
+    probe = br.acquire()
+    assert probe is not None and br.acquire() is None
+    br.release(old)  # the old request's client went away: not a probe, frees nothing
+    assert br.acquire() is None and not br.available()
+    br.release(probe)
+    assert br.available()
+    # Through the backend: a request taken while closed ends without verdict in half-open.
+    b = offline_backend(breaker_failures=1, breaker_open_s=0.0, max_concurrency=4)
+    early, fail, probe_req = greq(), greq(), greq()
+    b._take(0, early)
+    b._take(0, fail)
+    b._ups[0].breaker.open_s = 60.0
+    b._release(0, fail, False)  # opens
+    b._ups[0].breaker.open_s = 0.0  # cool-down over: half-open
+    b._take(0, probe_req)
+    assert not b._available(0)
+    b._release(0, early, None)
+    assert not b._available(0)  # still one probe in flight: no second one
+
+
+def test_scrape_survives_infinite_and_negative_values() -> None:
+    load = parse_engine_load(
+        "vllm:num_requests_waiting +Inf\nvllm:num_requests_running -3\n"
+        "vllm:kv_cache_usage_perc +Inf\n"
+    )
+    assert load.waiting is None and load.running == 0 and load.kv_usage is None
+
+
+def test_odd_metrics_do_not_kill_health_checks(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.metrics = "vllm:num_requests_waiting 1e400\n"
+    cfg = UpstreamConfig(upstreams=(u1,), health_interval_s=0.05)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        f1.healthy = False
+        await asyncio.sleep(0.3)
+        assert b._health_task is not None and not b._health_task.done()
+        return b.replicas()[0].healthy
+
+    assert run_backend(cfg, go) is False
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "42",
+        "[1, 2]",
+        '{"choices": [{"delta": null, "text": 5, "finish_reason": "stop"}]}',
+        '{"choices": ["x"]}',
+    ],
+)
+def test_malformed_upstream_chunks_are_an_upstream_error(fakes: Any, junk: str) -> None:
+    (u1, f1), _ = fakes
+    f1.mode, f1.junk = "junk", junk
+    cfg = UpstreamConfig(upstreams=(u1,), retries=0, breaker_failures=1, health_interval_s=0)
+
+    async def go(b: OpenAIUpstreamBackend) -> Any:
+        with pytest.raises(ServeError) as e:
+            await collect(b, greq())
+        return e.value, b.breaker_states()[u1], b.in_flight
+
+    err, state, in_flight = run_backend(cfg, go)
+    assert (err.status, err.reason) == (502, "upstream_error")
+    assert state is BreakerState.OPEN and in_flight == 0
+
+
+@pytest.mark.parametrize("usage", ['{"completion_tokens": null, "prompt_tokens": "x"}', "[1]"])
+def test_a_malformed_usage_is_ignored(fakes: Any, usage: str) -> None:
+    (u1, f1), _ = fakes
+    f1.mode = "junk"
+    f1.junk = '{"choices": [{"text": "a", "finish_reason": "stop"}], "usage": ' + usage + "}"
+    cfg = UpstreamConfig(upstreams=(u1,), retries=0, health_interval_s=0)
+    chunks = run_backend(cfg, lambda b: collect(b, greq()))
+    assert [(c.text, c.num_tokens, c.finish_reason) for c in chunks] == [
+        ("a", 1, None),
+        ("", 0, "stop"),
+    ]
+    assert chunks[-1].prompt_tokens is None
+
+
+def test_a_retry_after_shutdown_is_a_serve_error_not_a_crash(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    f1.mode, f1.drop_after = "stall", 0  # silent before its first token
+
+    async def main() -> Any:
+        b = OpenAIUpstreamBackend(UpstreamConfig(upstreams=(u1,), health_interval_s=0))
+        await b.start()
+        running = asyncio.create_task(collect(b, greq()))
+        await asyncio.sleep(0.2)
+        await b.stop(0.05)  # closes the client: the stream breaks before a token
+        with pytest.raises(ServeError) as e:
+            await asyncio.wait_for(running, 5)
+        return e.value, b.in_flight
+
+    err, in_flight = asyncio.run(main())
+    assert err.status in (502, 503) and in_flight == 0
+
+
+def test_slo_admission_counts_only_the_requests_served_before_it() -> None:
+    b = offline_backend(order="priority", admission="slo", max_concurrency=1)
+    u = b._ups[0]
+    u.ttft_ewma, u.ttft_min, u.duration_ewma = 0.01, 0.01, 1.0
+
+    async def main() -> None:
+        b._take(0, greq())
+        now = time.monotonic()
+        low = [
+            asyncio.create_task(b._acquire(greq(priority=10, arrival=now), frozenset()))
+            for _ in range(5)
+        ]
+        await asyncio.sleep(0)
+        assert b.queue_size == 5
+        # Served first (priority 0 < 10): one request's time until the slot frees, ~1 s.
+        b._admit(greq(priority=0, slo=SLO(ttft_s=1.5)))
+        with pytest.raises(ServeError):  # behind the five: ~6 s
+            b._admit(greq(priority=20, slo=SLO(ttft_s=1.5)))
+        for t in low:
+            t.cancel()
+        await asyncio.gather(*low, return_exceptions=True)
+
+    asyncio.run(main())

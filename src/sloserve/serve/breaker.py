@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 class BreakerState(str, enum.Enum):
@@ -26,13 +27,23 @@ class BreakerState(str, enum.Enum):
     HALF_OPEN = "half_open"
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerPermit:
+    """What :meth:`CircuitBreaker.acquire` gave one request."""
+
+    probe_period: int | None
+    """The half-open period this request probes in; ``None``: sent while closed."""
+
+
 class CircuitBreaker:
     """Counts an upstream's consecutive failures and gates requests to it.
 
-    Callers ask :meth:`allow` before sending (which reserves a probe slot in half-open) and
-    report the outcome with :meth:`record_success` or :meth:`record_failure`; a request that
-    ends without an outcome about the upstream (e.g. the client went away) calls
-    :meth:`release` to give a probe slot back.
+    Callers :meth:`acquire` a permit before sending (which reserves a probe slot in
+    half-open) and report the outcome with :meth:`record_success` or
+    :meth:`record_failure`; a request that ends without an outcome about the upstream (e.g.
+    the client went away) passes its permit to :meth:`release`, which gives the probe slot
+    back only if that permit *is* a probe of the current half-open period (a request sent
+    while the breaker was closed, ending in half-open, must not let a second probe in).
     """
 
     def __init__(
@@ -56,6 +67,8 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._probes = 0
+        self._period = 0
+        """Counts half-open periods: a probe permit is valid only in the one it was taken."""
         self.times_opened = 0
         """How often the breaker has opened (for metrics and tests)."""
 
@@ -65,6 +78,7 @@ class CircuitBreaker:
         if self._state is BreakerState.OPEN and self._clock() - self._opened_at >= self.open_s:
             self._state = BreakerState.HALF_OPEN
             self._probes = 0
+            self._period += 1
         return self._state
 
     def available(self) -> bool:
@@ -74,13 +88,19 @@ class CircuitBreaker:
             return True
         return s is BreakerState.HALF_OPEN and self._probes < self.half_open_probes
 
-    def allow(self) -> bool:
-        """Let one request through (reserving a probe slot when half-open), or refuse."""
+    def acquire(self) -> BreakerPermit | None:
+        """Let one request through (reserving a probe slot when half-open): its permit, to
+        hand to :meth:`release` if it ends without a verdict; ``None``: refused."""
         if not self.available():
-            return False
+            return None
         if self._state is BreakerState.HALF_OPEN:
             self._probes += 1
-        return True
+            return BreakerPermit(self._period)
+        return BreakerPermit(None)
+
+    def allow(self) -> bool:
+        """:meth:`acquire` for callers that never :meth:`release` (tests, simple clients)."""
+        return self.acquire() is not None
 
     def record_success(self) -> None:
         """The upstream served a request (or its first byte): close, forget failures."""
@@ -97,9 +117,15 @@ class CircuitBreaker:
         ):
             self._trip()
 
-    def release(self) -> None:
-        """A request ended without telling anything about the upstream: free its probe."""
-        if self._state is BreakerState.HALF_OPEN and self._probes > 0:
+    def release(self, permit: BreakerPermit) -> None:
+        """A request ended without telling anything about the upstream: free its probe slot
+        (only a probe of the current half-open period holds one)."""
+        if (
+            permit.probe_period is not None
+            and permit.probe_period == self._period
+            and self._state is BreakerState.HALF_OPEN
+            and self._probes > 0
+        ):
             self._probes -= 1
 
     def _trip(self) -> None:

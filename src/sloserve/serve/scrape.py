@@ -47,7 +47,8 @@ def parse_engine_load(text: str) -> EngineLoad:
     wanted = {*WAITING_NAMES, *RUNNING_NAMES, *KV_NAMES}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name in wanted and not math.isnan(sample.value):
+            # NaN and ±Inf say nothing usable about load (and Inf cannot be rounded).
+            if sample.name in wanted and math.isfinite(sample.value):
                 values.setdefault(sample.name, []).append(float(sample.value))
 
     def first(names: tuple[str, ...]) -> list[float] | None:
@@ -56,11 +57,15 @@ def parse_engine_load(text: str) -> EngineLoad:
                 return values[n]
         return None
 
-    waiting = first(WAITING_NAMES)
-    running = first(RUNNING_NAMES)
+    def count(names: tuple[str, ...]) -> int | None:
+        vs = first(names)
+        total = None if vs is None else sum(vs)
+        return None if total is None or not math.isfinite(total) else max(0, round(total))
+
     kv = first(KV_NAMES)
+    mean = None if kv is None else sum(kv) / len(kv)
     return EngineLoad(
-        waiting=None if waiting is None else round(sum(waiting)),
-        running=None if running is None else round(sum(running)),
-        kv_usage=None if kv is None else min(1.0, max(0.0, sum(kv) / len(kv))),
+        waiting=count(WAITING_NAMES),
+        running=count(RUNNING_NAMES),
+        kv_usage=None if mean is None or not math.isfinite(mean) else min(1.0, max(0.0, mean)),
     )

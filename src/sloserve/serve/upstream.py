@@ -53,6 +53,7 @@ import dataclasses
 import heapq
 import itertools
 import json
+import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -72,7 +73,7 @@ from sloserve.serve.backend import (
     ServeError,
     TokenChunk,
 )
-from sloserve.serve.breaker import BreakerState, CircuitBreaker
+from sloserve.serve.breaker import BreakerPermit, BreakerState, CircuitBreaker
 from sloserve.serve.routing import make_router, router_names
 from sloserve.serve.scrape import EngineLoad, parse_engine_load
 
@@ -80,6 +81,8 @@ if TYPE_CHECKING:
     import httpx
 
     from sloserve.costmodel.base import CostModel
+
+logger = logging.getLogger(__name__)
 
 QueueOrder = Literal["fcfs", "priority", "edf"]
 Admission = Literal["none", "queue", "slo"]
@@ -206,6 +209,8 @@ class _Upstream:
     duration_ewma: float | None = None
     served: int = 0
     failed: int = 0
+    permits: dict[int, BreakerPermit] = field(default_factory=dict)
+    """The breaker permit of each request in flight here, by ``id(request)``."""
 
     @property
     def healthy(self) -> bool:
@@ -248,6 +253,48 @@ def _finish(reason: Any) -> FinishReason:
     return "length" if reason == "length" else "abort" if reason == "abort" else "stop"
 
 
+def _parse_event(data: str) -> tuple[str, FinishReason | None, dict[str, Any] | None]:
+    """Text, finish reason and usage of one SSE ``data`` payload of a streamed completion
+    or chat completion. Anything that is not such a chunk (an error event, JSON of another
+    shape) raises _UpstreamFailed: the upstream's fault, never an unhandled exception."""
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise _UpstreamFailed(f"bad SSE data {data[:80]!r}") from e
+    if not isinstance(obj, dict):
+        raise _UpstreamFailed(f"SSE data is not a chunk object: {data[:80]!r}")
+    if "error" in obj or obj.get("object") == "error":
+        raise _UpstreamFailed(f"error event: {data[:200]}")
+    usage = obj.get("usage")
+    text = ""
+    finish: FinishReason | None = None
+    choices = obj.get("choices") or []
+    if not isinstance(choices, list):
+        raise _UpstreamFailed(f"bad choices in {data[:80]!r}")
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise _UpstreamFailed(f"bad choice in {data[:80]!r}")
+        delta = choice.get("delta")
+        if delta is not None and not isinstance(delta, dict):
+            raise _UpstreamFailed(f"bad delta in {data[:80]!r}")
+        piece = delta.get("content") if delta is not None else choice.get("text")
+        if piece is not None and not isinstance(piece, str):
+            raise _UpstreamFailed(f"non-text content in {data[:80]!r}")
+        text += piece or ""
+        if choice.get("finish_reason") is not None:
+            finish = _finish(choice["finish_reason"])
+    # Usage is advisory (it corrects the token count): a malformed one is ignored.
+    return text, finish, usage if isinstance(usage, dict) and usage else None
+
+
+def _count(usage: dict[str, Any] | None, key: str) -> int | None:
+    """A non-negative integer count from ``usage``, or None when absent or malformed."""
+    v = None if usage is None else usage.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        return None
+    return int(v)
+
+
 class OpenAIUpstreamBackend(Backend):
     """Proxies to OpenAI-compatible engines (see the module docstring for the policies)."""
 
@@ -274,6 +321,8 @@ class OpenAIUpstreamBackend(Backend):
         self._health_client: httpx.AsyncClient | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._closed = False
+        """The HTTP clients are closed (after the drain): nothing more can be sent."""
         self._idle = asyncio.Event()
         self.rejected: dict[str, int] = {}
         """Requests refused by reason (``queue_full``, ``deadline``, ``no_backend``…)."""
@@ -315,7 +364,9 @@ class OpenAIUpstreamBackend(Backend):
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        # Closing the client breaks the streams still open: they end with an error.
+        # Closing the client breaks the streams still open: they end with an error (and a
+        # retry of one that broke before its first token is refused, not sent).
+        self._closed = True
         for client in (self._client, self._health_client):
             if client is not None:
                 await client.aclose()
@@ -459,15 +510,19 @@ class OpenAIUpstreamBackend(Backend):
             raise self._reject(f"no upstream serves model {req.model!r}", 404, "model", None)
         if not self._any_healthy(req):
             raise self._no_backend()
-        ahead = self.queue_size
+        waiting = self.queue_size
         has_slot = any(self._available(i) for i in range(len(self._ups)))
-        if c.admission != "none" and ahead >= c.max_queue and not has_slot:
-            retry = max(1.0, self._queue_wait_estimate(ahead))
+        if c.admission != "none" and waiting >= c.max_queue and not has_slot:
+            retry = max(1.0, self._queue_wait_estimate(waiting))
             raise self._reject(
-                f"gateway queue full ({ahead} waiting)", 429, "queue_full", math.ceil(retry)
+                f"gateway queue full ({waiting} waiting)", 429, "queue_full", math.ceil(retry)
             )
         if c.admission == "slo" and req.request_class is RequestClass.RT:
             target = self._target(req)
+            # Only the waiters the queue order serves before this request delay it (with
+            # ``priority`` or ``edf`` a new urgent request overtakes the queue).
+            key = self._queue_key(req)
+            ahead = sum(1 for w in self._queue if not w.fut.done() and w.key <= key)
             est = self._ttft_estimate(req, ahead)
             if target is not None and est is not None and req.arrival + est > target:
                 raise self._reject(
@@ -512,7 +567,8 @@ class OpenAIUpstreamBackend(Backend):
 
     def _take(self, i: int, req: GenerationRequest) -> None:
         u = self._ups[i]
-        u.breaker.allow()
+        # _pick offers only available upstreams, so the breaker lets it through.
+        u.permits[id(req)] = u.breaker.acquire() or BreakerPermit(None)
         u.in_flight += 1
         u.queued_prompt_tokens += req.prompt_tokens
         self._idle.clear()
@@ -546,6 +602,8 @@ class OpenAIUpstreamBackend(Backend):
 
     async def _acquire(self, req: GenerationRequest, avoid: frozenset[int]) -> int:
         """Wait for a slot at some upstream; ServeError when waiting cannot succeed."""
+        if self._closed:
+            raise self._reject("the gateway is shutting down", 503, "shutdown", None)
         if not self._queue:
             i = self._pick(req, avoid)
             if i is not None:
@@ -590,7 +648,9 @@ class OpenAIUpstreamBackend(Backend):
             # Cancelled while queued (client gone) or rejected: give back a slot that the
             # pump may have assigned in the meantime.
             if w.fut.done() and not w.fut.cancelled() and w.fut.exception() is None:
-                self._release(w.fut.result(), req, None)
+                i = w.fut.result()
+                self._ups[i].queued_prompt_tokens -= req.prompt_tokens
+                self._release(i, req, None)
             elif not w.fut.done():
                 w.fut.cancel()
             raise
@@ -600,13 +660,14 @@ class OpenAIUpstreamBackend(Backend):
         (client gone, request's own fault) tells it nothing."""
         u = self._ups[i]
         u.in_flight -= 1
+        permit = u.permits.pop(id(req), BreakerPermit(None))
         if ok is True:
             u.breaker.record_success()
         elif ok is False:
             u.breaker.record_failure()
             u.failed += 1
         else:
-            u.breaker.release()
+            u.breaker.release(permit)
         if self.in_flight == 0:
             self._idle.set()
         self._pump()
@@ -681,6 +742,8 @@ class OpenAIUpstreamBackend(Backend):
         import httpx
 
         assert self._client is not None, "start() the backend before generating"
+        if self._closed:
+            raise ServeError("the gateway is shutting down", status=503, reason="shutdown")
         u = self._ups[i]
         path = "/v1/completions" if req.endpoint == "completions" else "/v1/chat/completions"
         sent = time.monotonic()
@@ -704,21 +767,11 @@ class OpenAIUpstreamBackend(Backend):
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    try:
-                        obj = json.loads(data)
-                    except json.JSONDecodeError as e:
-                        raise _UpstreamFailed(f"bad SSE data {data[:80]!r}") from e
-                    if "error" in obj or obj.get("object") == "error":
-                        raise _UpstreamFailed(f"error event: {data[:200]}")
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                    text = ""
-                    for choice in obj.get("choices") or ():
-                        delta = choice.get("delta")
-                        piece = delta.get("content") if delta is not None else choice.get("text")
-                        text += piece or ""
-                        if choice.get("finish_reason") is not None:
-                            finish = _finish(choice["finish_reason"])
+                    text, fin, use = _parse_event(data)
+                    if fin is not None:
+                        finish = fin
+                    if use is not None:
+                        usage = use
                     if text:
                         if counted == 0:
                             ttft = time.monotonic() - sent
@@ -730,15 +783,16 @@ class OpenAIUpstreamBackend(Backend):
             raise _UpstreamFailed(f"{type(e).__name__}: {e}") from e
         if finish is None:
             raise _UpstreamFailed("the stream ended without a finish reason")
-        total = int(usage.get("completion_tokens", counted)) if usage else counted
-        prompt = usage.get("prompt_tokens") if usage else None
+        total = _count(usage, "completion_tokens")
+        total = counted if total is None else total
+        prompt = _count(usage, "prompt_tokens")
         u.duration_ewma = _ewma(u.duration_ewma, time.monotonic() - sent)
         u.served += 1
         yield TokenChunk(
             "",
             max(0, total - counted),
             finish,
-            prompt_tokens=int(prompt) if prompt is not None else None,
+            prompt_tokens=prompt,
         )
 
     # ------------------------------------------------------------------ health
@@ -761,12 +815,14 @@ class OpenAIUpstreamBackend(Backend):
         if not u.health_ok:
             u.load = EngineLoad()
             return
-        with contextlib.suppress(httpx.HTTPError, ValueError):
+        # Whatever an engine's /metrics or /v1/models holds, a scrape must not raise: it
+        # would end the health loop, and upstreams would never be checked again.
+        with contextlib.suppress(Exception):
             r = await client.get(u.url + "/metrics")
             if r.status_code == 200:
                 u.load = parse_engine_load(r.text)
         if not u.models:
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+            with contextlib.suppress(Exception):
                 r = await client.get(u.url + "/v1/models")
                 if r.status_code == 200:
                     u.models = tuple(str(m["id"]) for m in r.json()["data"])
@@ -774,4 +830,7 @@ class OpenAIUpstreamBackend(Backend):
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.health_interval_s)
-            await self.check_health()
+            try:
+                await self.check_health()
+            except Exception:  # never let one bad round end the checks for good
+                logger.exception("health check round failed")
