@@ -1033,3 +1033,22 @@ def test_slo_admission_counts_only_the_requests_served_before_it() -> None:
         await asyncio.gather(*low, return_exceptions=True)
 
     asyncio.run(main())
+
+
+def test_unknown_params_reach_the_engine_in_lenient_mode(fakes: Any) -> None:
+    (u1, f1), _ = fakes
+    from sloserve.serve.api import create_app
+
+    assert OpenAIUpstreamBackend.forwards_unknown_params  # a proxy: the engine decides
+    backend = OpenAIUpstreamBackend(UpstreamConfig(upstreams=(u1,), health_interval_s=0))
+    url, server, t = _serve(create_app(backend), lifespan="on")
+    try:
+        body = {"model": "fake-model", "prompt": "hi", "max_tokens": 4, "top_k": 5}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=10)
+    finally:
+        server.should_exit = True
+        t.join(10)
+    if r.status_code == 400:  # strict mode: refused, never silently dropped
+        assert "top_k" in r.text
+    else:
+        assert r.status_code == 200 and f1.bodies[-1].get("top_k") == 5

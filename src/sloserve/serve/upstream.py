@@ -299,6 +299,9 @@ class OpenAIUpstreamBackend(Backend):
     """Proxies to OpenAI-compatible engines (see the module docstring for the policies)."""
 
     name = "openai"
+    forwards_unknown_params = True
+    """A proxy: engine-specific parameters (vLLM's ``top_k``…) reach the engine, which
+    accepts or rejects them."""
 
     def __init__(self, config: UpstreamConfig, router: Router | None = None) -> None:
         self.config = config
