@@ -63,6 +63,11 @@ def test_options_change_the_answer() -> None:
     assert never["status"] == "infeasible" and never["latency"] is None
     must = _json([*TINY, "--min-evictions", "1"])
     assert must["evictions"] >= 1
+    need = best["batches_needed"]
+    assert isinstance(need, int) and need >= best["num_batches"]
+    glob = _json([*TINY, "--max-batches", str(need)])
+    assert glob["batches_sufficient"] is True and glob["status"] == "optimal"
+    assert abs(glob["latency"] - best["latency"]) < 1e-9
     mk = _json([*TINY, "--objective", "makespan", "--warm-start", "none"])
     assert mk["status"] == "optimal" and mk["warm_start"] is None
     assert abs(mk["objective"] - mk["makespan"]) < 1e-6 * mk["makespan"]

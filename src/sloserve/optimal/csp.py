@@ -203,7 +203,9 @@ class CspResult:
     evaluation: Evaluation | None
     """The solved schedule priced by the float cost model (what the engine charges)."""
     batches_sufficient: bool | None
-    """True when J provably cannot cut off a better schedule (latency/makespan objectives)."""
+    """True when J provably cannot cut off a better schedule (latency/makespan objectives):
+    J ≥ ``stats["batches_needed"]``, from the warm start or the schedule found (see
+    :func:`batches_needed`). Pass ``max_batches`` ≥ that to make ``optimal`` global."""
     warm_start: str | None
     baselines: dict[str, Baseline] = field(default_factory=dict)
     target: float | None = None
@@ -235,6 +237,7 @@ class CspResult:
             "num_batches": self.schedule.num_batches if self.schedule else None,
             "max_batches": self.num_batches_limit,
             "batches_sufficient": self.batches_sufficient,
+            "batches_needed": self.stats.get("batches_needed"),
             "solve_seconds": self.solve_seconds,
             "warm_start": self.warm_start,
             "target": self.target,
@@ -409,6 +412,7 @@ def solve(
             for j in jobs
         )
     sufficient: bool | None = None
+    need: int | None = None
     if hint_eval is not None:
         need = batches_needed(jobs, hint_eval.metric(opts.objective), opts.objective, cost_model)
         sufficient = None if need is None else need <= J
@@ -467,6 +471,7 @@ def solve(
         "variables": len(model.Proto().variables),
         "constraints": len(model.Proto().constraints),
         "hinted": hinted,
+        "batches_needed": need,
         "workers": solver.parameters.num_workers,
         "time_unit_s": unit,
         "deterministic_time": solver.ResponseProto().deterministic_time,
@@ -496,6 +501,12 @@ def solve(
     gap = 0.0 if status == "optimal" else (obj - bound) / obj if obj > 0 else 0.0
     sched = _extract(solver, built, jobs, J, opts, warm_name)
     evaluation = evaluate(sched, jobs, cost_model, limits)
+    # the schedule found bounds the batches any better one can use: often tighter
+    found = batches_needed(jobs, evaluation.metric(opts.objective), opts.objective, cost_model)
+    if found is not None and (need is None or found < need):
+        need = found
+        sufficient = need <= J
+    stats["batches_needed"] = need
     return CspResult(
         status,
         obj,
