@@ -36,7 +36,7 @@ Choices where the paper is vague (each is a field of :class:`Plan`):
   thousands of requests, enough work to keep a replica busy for minutes. We size a batch
   in seconds of the replica's BE work, ``be_batch_s`` (100 s; 20 s in the quick plan),
   times its measured BE capacity (BE requests/s vLLM completes with ``capacity_n`` BE
-  requests queued at once): about 1,000 requests on Llama-2-7B/A100, 200 on
+  requests queued at once): 1,189 requests on Llama-2-7B/A100, 267 on
   Llama-2-70B/2×A100, so that a batch is as deep, in time, on every profile, like the RT
   rates. ``be_batch_size`` fixes the size instead. No gap between batches. The
   ``be_batch`` experiment shows how much the gaps to vLLM depend on this choice.
@@ -172,8 +172,9 @@ class Plan:
     ablation_load: float | None = None
     """The RT load of the ablation (None: no ablation)."""
     ablation_scenarios: tuple[Scenario, ...] = ()
-    """Where the ablation runs: a replica whose KV memory the BE batches fill (the paper:
-    OPT-30B on 4 GPUs at 10 req/s); on a roomy one both variants never preempt and agree."""
+    """Where the ablation runs (the paper: OPT-30B on 4 GPUs at 10 req/s): the profile with
+    the least KV memory per unit of work. Bidirectional blocks only matter when an RT
+    request finds no free block; see ``ablation_params`` to admit BE down to 0 free."""
     ablation_params: tuple[tuple[str, Any], ...] = ()
     """Policy parameters of both ablation variants, e.g. ``(("watermark", 0.0),)``."""
     overhead_policies: tuple[str, ...] = OVERHEAD_POLICIES
