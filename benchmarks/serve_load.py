@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,6 +63,17 @@ def _config(args: argparse.Namespace) -> EmulatedConfig:
     )
 
 
+def _run(coro: Any) -> Any:
+    """``asyncio.run`` on uvloop when installed (as the server runs): the client and the
+    in-process reference get the same event loop as the gateway."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
 def _peak_rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -73,6 +84,11 @@ def _peak_rss_mib() -> float:
 def _cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def _sys_s() -> float:
+    """Kernel CPU seconds: on loopback a socket write runs the receiver's TCP path too."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
 
 
 def _pct(x: np.ndarray) -> dict[str, float]:
@@ -136,6 +152,7 @@ def _delays(
         delays.append(np.asarray(times) - e)
     d = np.concatenate(delays) if delays else np.zeros(1)
     last = max((t[-1] for t in received.values() if t), default=t0)
+    ends = np.concatenate(list(emitted.values())) if emitted else np.zeros(0)
     chunks = sum(len(t) for t in received.values())
     return {
         "run": name,
@@ -145,6 +162,8 @@ def _delays(
         "tokens_per_s": chunks / (last - t0),
         "delay": _pct(d),
         "early_chunks": int((d < -1e-6).sum()),
+        # chunks the engine emits at one iteration end: the burst the gateway must write
+        "chunks_per_iteration": float(len(ends) / max(1, len(np.unique(ends)))),
     }
 
 
@@ -166,10 +185,10 @@ def _serve_process(cfg_json: str, sock: socket.socket, out: str, ready: Any) -> 
 
     orig_stop = be.stop
     orig_start = be.start
-    cpu_at_start = [0.0]
+    cpu_at_start = [0.0, 0.0]
 
     async def start() -> None:
-        cpu_at_start[0] = _cpu_s()
+        cpu_at_start[:] = [_cpu_s(), _sys_s()]
         await orig_start()
 
     async def stop(drain_timeout_s: float = 30.0) -> None:
@@ -187,45 +206,99 @@ def _serve_process(cfg_json: str, sock: socket.socket, out: str, ready: Any) -> 
     Path(out).write_text(
         json.dumps(
             {"emitted": emitted, "peak_rss_mib": _peak_rss_mib(),
-             "cpu_s": _cpu_s() - cpu_at_start[0]}
+             "cpu_s": _cpu_s() - cpu_at_start[0], "sys_s": _sys_s() - cpu_at_start[1]}
         )
     )  # fmt: skip
 
 
+class _SSEClient(asyncio.Protocol):
+    """One streaming POST read by a bare protocol: every received segment is stamped on
+    arrival and parsed in place (chunked framing, SSE events), with no coroutine wake-up
+    per chunk. The client shares the machine's cores with the gateway, so its cost per
+    chunk shows up in the measured delays: keep it lean."""
+
+    def __init__(self, request: bytes, done: asyncio.Future[None]) -> None:
+        self.request = request
+        self.done = done
+        self.buf = b""
+        self.sse = b""
+        self.head = True
+        self.status = 0
+        self.rid: str | None = None
+        self.times: list[float] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.WriteTransport, transport).write(self.request)  # uvloop's: no subclass
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        buf = self.buf + data
+        if self.head:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.buf = buf
+                return
+            self.status = int(buf[: buf.index(b"\r\n")].split()[1])
+            if self.status != 200 or b"chunked" not in buf[:end].lower():
+                self._finish()
+                return
+            buf = buf[end + 4 :]
+            self.head = False
+        pos, sse = 0, self.sse
+        while True:  # chunked framing: SIZE\r\nDATA\r\n
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                break
+            size = int(buf[pos:eol], 16)
+            if size == 0:
+                self._events(sse, now)
+                self._finish()
+                return
+            if len(buf) < eol + 2 + size + 2:
+                break
+            sse += buf[eol + 2 : eol + 2 + size]
+            pos = eol + 2 + size + 2
+        self.buf = buf[pos:]
+        self.sse = self._events(sse, now)
+
+    def _events(self, sse: bytes, now: float) -> bytes:
+        *events, rest = sse.split(b"\n\n")
+        for ev in events:
+            if ev.startswith(b"data: {"):
+                if self.rid is None:
+                    self.rid = json.loads(ev[6:])["id"]
+                if ev.startswith(b'data: {"error"'):
+                    self.status = 599
+                else:
+                    self.times.append(now)
+        return rest
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.head:
+            self.status = 598
+        self._finish()
+
+
 async def _stream_one(port: int, body: bytes) -> tuple[str | None, list[float], int]:
-    """One streaming POST over a raw socket: (response id, chunk receive times, status)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    """One streaming POST: (response id, chunk receive times, status)."""
+    loop = asyncio.get_running_loop()
     head = (
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
-    writer.write(head.encode() + body)
-    status = int((await reader.readline()).split()[1])
-    chunked = False
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
-            chunked = True
-    rid: str | None = None
-    times: list[float] = []
-    if status == 200 and chunked:
-        buf = b""
-        while True:
-            size = int((await reader.readline()).strip(), 16)
-            if size == 0:
-                break
-            buf += (await reader.readexactly(size + 2))[:-2]
-            now = time.monotonic()
-            *events, buf = buf.split(b"\n\n")
-            for ev in events:
-                if ev.startswith(b"data: {"):
-                    if rid is None:
-                        rid = json.loads(ev[6:])["id"]
-                    if b'"error"' in ev[:20]:
-                        status = 599
-                    else:
-                        times.append(now)
-    writer.close()
-    return rid, times, status
+    done: asyncio.Future[None] = loop.create_future()
+    transport, proto = await loop.create_connection(
+        lambda: _SSEClient(head.encode() + body, done), "127.0.0.1", port
+    )
+    try:
+        await done
+    finally:
+        transport.close()
+    return proto.rid, proto.times, proto.status
 
 
 async def _http_client(
@@ -271,9 +344,9 @@ def _http(args: argparse.Namespace) -> dict[str, Any]:
         proc.start()
         ready.wait(30)
         time.sleep(1.0)  # uvicorn listening
-        cpu = _cpu_s()
-        received, errors, t0 = asyncio.run(_http_client(args, port))
-        client_cpu = _cpu_s() - cpu
+        cpu, sys_s = _cpu_s(), _sys_s()
+        received, errors, t0 = _run(_http_client(args, port))
+        client_cpu, client_sys = _cpu_s() - cpu, _sys_s() - sys_s
         assert proc.pid is not None
         os.kill(proc.pid, signal.SIGINT)
         proc.join(60)
@@ -282,7 +355,9 @@ def _http(args: argparse.Namespace) -> dict[str, Any]:
     res = _delays("http", received, emitted, errors, t0)
     res["server_peak_rss_mib"] = data["peak_rss_mib"]
     res["server_cpu_s"] = data["cpu_s"]
+    res["server_sys_s"] = data["sys_s"]
     res["client_cpu_s"] = client_cpu
+    res["client_sys_s"] = client_sys
     res["server_cpu_us_per_chunk"] = data["cpu_s"] / max(1, res["chunks"]) * 1e6
     return res
 
@@ -290,7 +365,7 @@ def _http(args: argparse.Namespace) -> dict[str, Any]:
 def load(args: argparse.Namespace) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
     load_before = os.getloadavg()
-    runs = [asyncio.run(_in_process(args)), _http(args)]
+    runs = [_run(_in_process(args)), _http(args)]
     inp, http = runs
     summary = {
         "streams": args.streams,
@@ -301,6 +376,7 @@ def load(args: argparse.Namespace) -> None:
         "overhead_per_chunk_p99_ms": http["delay"]["p99_ms"] - inp["delay"]["p99_ms"],
         "server_cpu_overhead_us_per_chunk": http["server_cpu_us_per_chunk"]
         - inp["cpu_us_per_chunk"],
+        "client_cpu_us_per_chunk": http["client_cpu_s"] / max(1, http["chunks"]) * 1e6,
         "client_peak_rss_mib": _peak_rss_mib(),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),

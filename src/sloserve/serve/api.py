@@ -211,33 +211,33 @@ class _SSEResponse(Response):
         send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
     ) -> None:
         raw = scope.get(_RAW_SEND, send)
-        task = asyncio.current_task()
-        state = {"done": False, "gone": False}
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if not state["done"] and task is not None:
-                state["gone"] = True
-                task.cancel()
 
         async def write(data: bytes) -> None:
             await raw({"type": "http.response.body", "body": data, "more_body": True})
 
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        # The writer runs in a task of its own: each token wakes a shallow coroutine stack,
+        # not the request's (a dozen middleware frames deep, each resumed per wake-up).
+        writer = asyncio.ensure_future(self._run(write))
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            writer.cancel()  # the client left: its finally closes the backend's stream
+
         watcher = asyncio.ensure_future(watch())
         try:
-            await self._run(write)
-            state["done"] = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await asyncio.wait((writer,))  # returns, not raises, when the writer is cancelled
         except asyncio.CancelledError:
-            if not state["gone"]:
-                raise
-            if task is not None:
-                task.uncancel()  # the client left: this response is over, not the server
+            writer.cancel()  # this handler was cancelled (server shutdown): stop writing
+            await asyncio.gather(writer, return_exceptions=True)
+            raise
         finally:
-            state["done"] = True
             watcher.cancel()
+        if writer.cancelled():
+            return  # the client is gone: nothing more to send
+        writer.result()  # re-raise a failure of the writer
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")

@@ -77,7 +77,7 @@ from sloserve.serve.backend import (
     ServeError,
     TokenChunk,
 )
-from sloserve.serve.schemas import filler_text
+from sloserve.serve.schemas import FILLER_WORDS, filler_text
 from sloserve.workloads.lengths import LengthDist
 
 log = logging.getLogger("sloserve.serve")
@@ -122,6 +122,10 @@ class EmulatedConfig(BaseModel):
     served_model_name: str | None = Field(
         default=None, description="the model name clients use (default: the profile's model)"
     )
+
+
+_FILLER_CHUNKS = tuple(TokenChunk(filler_text(i), 1) for i in range(len(FILLER_WORDS)))
+"""The chunks of non-final filler tokens (token ``i`` is ``_FILLER_CHUNKS[i % 16]``)."""
 
 
 class _Stream:
@@ -324,12 +328,14 @@ class _Replica:
     @staticmethod
     def _push_tokens(s: _Stream, upto: int, finish: FinishReason | None) -> None:
         put = s.items.append
-        for i in range(s.sent, upto):
-            if finish is not None and i == upto - 1:
-                s.finish = True
-                put(TokenChunk(filler_text(i), 1, finish, s.prompt_tokens))
-            else:
-                put(TokenChunk(filler_text(i), 1))
+        ends = finish is not None and upto > s.sent
+        last = upto - 1 if ends else upto
+        n = len(_FILLER_CHUNKS)
+        for i in range(s.sent, last):
+            put(_FILLER_CHUNKS[i % n])  # immutable: shared, not built per token
+        if ends:
+            s.finish = True
+            put(TokenChunk(filler_text(last), 1, finish, s.prompt_tokens))
         s.sent = upto
         s.wake()
 
