@@ -94,3 +94,14 @@ def test_a_policy_that_never_schedules_stalls_loudly() -> None:
     inst = make_instance(Scripted(lambda v: SchedulerOutput()))
     with pytest.raises(StallError, match="scripted"):
         run(inst, [req(0, 0.0, 10, 2)])
+
+
+def test_scheduler_violation_pickles_across_processes() -> None:
+    import pickle
+
+    from sloserve.core.errors import SchedulerViolation
+
+    e = SchedulerViolation("p", "C (max batch tokens)", "5000 > 4096")
+    back = pickle.loads(pickle.dumps(e))
+    assert isinstance(back, SchedulerViolation)
+    assert (back.policy, back.limit, back.detail, str(back)) == (e.policy, e.limit, e.detail, str(e))

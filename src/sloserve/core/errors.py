@@ -41,6 +41,11 @@ class SchedulerViolation(SloserveError, RuntimeError):
         self.detail = detail
         super().__init__(f"policy {policy!r} violated {limit}: {detail}")
 
+    def __reduce__(self) -> tuple[type[SchedulerViolation], tuple[str, str, str]]:
+        # Pickled across worker processes (parallel reproductions): rebuild from the fields,
+        # not from the formatted message that BaseException would pass back.
+        return (type(self), (self.policy, self.limit, self.detail))
+
 
 class StallError(SloserveError, RuntimeError):
     """The simulation cannot make progress (a policy schedules nothing while work remains)."""
