@@ -713,3 +713,145 @@ def test_max_completion_tokens_and_defaults(server: LiveServer) -> None:
     long = [{"role": "user", "content": "w " * 3950}]  # 3,956 prompt tokens of 4,096
     r = httpx.post(url, json={"model": MODEL, "messages": long}, timeout=10)
     assert r.json()["usage"]["completion_tokens"] == 4096 - 3956  # what the context leaves
+
+
+# ----------------------------------------------------------------------------- follow-ups
+class ForwardingRecorder(RecordingBackend):
+    """A backend that passes unknown fields on (as the ``openai`` proxy does)."""
+
+    forwards_unknown_params = True
+
+
+@pytest.mark.parametrize("forwards", [False, True])
+def test_unknown_fields_forwarded_or_ignored(forwards: bool) -> None:
+    """Lenient mode: the header says what happens to unknown fields, and it is true."""
+    be = emulated(ForwardingRecorder if forwards else RecordingBackend)
+    assert isinstance(be, RecordingBackend)
+    with live_server(backend=be) as srv:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 1, "vendor_knob": 3, "top_k": 5}
+        r = httpx.post(f"{srv.base_url}/completions", json=body, timeout=10)
+        assert r.status_code == 200
+        assert be.last is not None
+        sent = be.last.body
+        assert sent["top_k"] == 5  # a declared (vLLM) field: always in the body
+        if forwards:
+            assert r.headers["x-sloserve-forwarded-params"] == "vendor_knob"
+            assert "x-sloserve-ignored-params" not in r.headers
+            assert sent["vendor_knob"] == 3
+        else:
+            assert r.headers["x-sloserve-ignored-params"] == "vendor_knob"
+            assert "x-sloserve-forwarded-params" not in r.headers
+            assert "vendor_knob" not in sent
+
+
+def test_openai_backend_forwards_unknown_params() -> None:
+    from sloserve.serve.upstream import OpenAIUpstreamBackend
+
+    assert OpenAIUpstreamBackend.forwards_unknown_params
+    assert not EmulatedBackend.forwards_unknown_params
+
+
+class QueuedBackend(FlakyBackend):
+    """Two replicas with waiting requests and a gateway queue of its own."""
+
+    @property
+    def queue_size(self) -> int:
+        return 5
+
+    def replicas(self) -> Sequence[ReplicaState]:
+        return [ReplicaState("a", True, 1, 2, 0.5), ReplicaState("b", True, 1, 3, 0.5)]
+
+
+def test_queue_size_metric_adds_the_gateway_queue() -> None:
+    from sloserve.serve.metrics import GatewayMetrics
+
+    text = GatewayMetrics(QueuedBackend()).render().decode()
+    assert "\nsloserve_queue_size 10.0\n" in text  # 2 + 3 waiting at replicas + 5 queued
+    text = GatewayMetrics(FlakyBackend()).render().decode()
+    assert "\nsloserve_queue_size 0.0\n" in text
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_continuous_usage_stats(server: LiveServer, chat: bool) -> None:
+    """vLLM's continuous_usage_stats (guidellm sends it): running usage on every chunk."""
+    path, prompt = (
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi there"}]})
+        if chat
+        else ("completions", {"prompt": "hi there"})
+    )
+    body: dict[str, Any] = {
+        "model": MODEL, "max_tokens": 5, "stream": True, **prompt,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }  # fmt: skip
+    r = httpx.post(f"{server.base_url}/{path}", json=body, timeout=10)
+    assert r.status_code == 200
+    events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    n_prompt = chunks[-1]["usage"]["prompt_tokens"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    counts = [c["usage"]["completion_tokens"] for c in chunks[:-1]]
+    assert counts == ([0] if chat else []) + [1, 2, 3, 4, 5]
+    for c in chunks:
+        u = c["usage"]
+        assert u["prompt_tokens"] == n_prompt
+        assert u["total_tokens"] == n_prompt + u["completion_tokens"]
+    # without include_usage it does nothing (as vLLM), and it is accepted
+    body["stream_options"] = {"continuous_usage_stats": True}
+    r = httpx.post(f"{server.base_url}/{path}", json=body, timeout=10)
+    assert r.status_code == 200
+    events = sse_events(r)
+    assert all("usage" not in json.loads(e) for e in events[:-1])
+
+
+def test_continuous_usage_template_is_the_chunk() -> None:
+    f = ChunkFactory("cmpl-1", "m", False, True, continuous_usage=True, prompt_tokens=7)
+    ev = json.loads(f.token_event(' "q"', None, 3)[6:])
+    assert ev == {**f.token_chunk(' "q"', None), "usage": {
+        "prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}  # fmt: skip
+    assert json.loads(f.token_event("", "stop", 4)[6:])["usage"]["completion_tokens"] == 4
+
+
+def test_cli_openai_backend_options(tmp_path: Any) -> None:
+    """Every UpstreamConfig knob is reachable: --config YAML first, flags on top."""
+    from sloserve.cli.serve import _upstream_backend
+
+    cfg = tmp_path / "up.yaml"
+    cfg.write_text("upstreams: [http://a:8000]\nretries: 5\nbreaker_open_s: 9\nread_timeout_s: 7\n")
+    flags: dict[str, Any] = {
+        "retries": 1, "breaker_failures": 4, "health_interval_s": 0.5,
+        "connect_timeout_s": 0.25, "forward_priority": True, "forward_slo": True,
+        "admission": None, "router": None,
+    }  # fmt: skip
+    be = _upstream_backend([], cfg, None, flags)
+    c = be.config
+    assert c.upstreams == ("http://a:8000",)
+    assert (c.retries, c.breaker_failures, c.breaker_open_s) == (1, 4, 9.0)
+    assert (c.health_interval_s, c.connect_timeout_s, c.read_timeout_s) == (0.5, 0.25, 7.0)
+    assert c.forward_priority and c.forward_slo
+    assert c.admission == "queue" and c.router == "least-loaded"  # the defaults agree
+    be = _upstream_backend(["http://b:1"], None, "m", {"retries": None})
+    assert be.config.upstreams == ("http://b:1",) and be.config.retries == 2
+    assert be.config.models == ("m",)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--retries", "-1"], "retries"),
+        (["--breaker-failures", "0"], "breaker_failures"),
+        (["--read-timeout-s", "0"], "read_timeout_s"),
+        (["--profile", "llama-2-7b@nowhere"], "unknown GPU"),
+    ],
+)
+def test_cli_openai_bad_options(args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from sloserve.cli import app
+
+    result = CliRunner().invoke(
+        app, ["serve", "--backend", "openai", "--upstream", "http://a:1", *args]
+    )
+    assert result.exit_code != 0
+    assert isinstance(result.exception, SloserveError), result.output
+    assert message in str(result.exception)

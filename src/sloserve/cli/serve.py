@@ -49,30 +49,42 @@ def parse_length(spec: str) -> dict[str, Any]:
 
 
 def _upstream_backend(
-    upstreams: list[str], router: str, admission: str | None, order: str | None,
-    max_queue: int | None, max_concurrency: int | None, seed: int, profile: str | None,
-    served_model_name: str | None,
+    upstreams: list[str], config: Path | None, served_model_name: str | None,
+    options: dict[str, Any],
 ) -> Any:  # fmt: skip
+    """The ``openai`` backend: ``--config`` (a YAML mapping of ``UpstreamConfig`` fields)
+    first, then every flag the user set on top of it; what neither sets keeps
+    ``UpstreamConfig``'s default."""
     from pydantic import ValidationError
 
     from sloserve.config import validation_message
     from sloserve.serve.upstream import OpenAIUpstreamBackend, UpstreamConfig
 
-    if not upstreams:
+    data: dict[str, Any] = _yaml_mapping(config) if config is not None else {}
+    data.update({k: v for k, v in options.items() if v is not None})
+    if upstreams:
+        data["upstreams"] = tuple(upstreams)
+    if served_model_name:
+        data["models"] = (served_model_name,)
+    if not data.get("upstreams"):
         raise ConfigError("--backend openai needs at least one --upstream URL")
-    wanted: dict[str, Any] = {
-        "upstreams": tuple(upstreams), "router": router, "admission": admission,
-        "order": order, "max_queue": max_queue, "max_concurrency": max_concurrency,
-        "seed": seed, "profile": profile,
-        "models": (served_model_name,) if served_model_name else None,
-    }  # fmt: skip
-    # Options left unset keep UpstreamConfig's defaults.
-    data = {k: v for k, v in wanted.items() if v is not None}
     try:
         cfg = UpstreamConfig(**data)
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None
     return OpenAIUpstreamBackend(cfg)
+
+
+def _yaml_mapping(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"--config {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of upstream options")
+    return data
 
 
 @app.command("serve")
@@ -94,8 +106,11 @@ def serve(
         str | None, typer.Option("--policy", help="Emulated: per-instance policy (default vllm).")
     ] = None,
     router: Annotated[
-        str, typer.Option("--router", help="round-robin, least-loaded, power-of-two, slo-aware.")
-    ] = "least-loaded",
+        str | None,
+        typer.Option(
+            "--router", help="round-robin, least-loaded (default), power-of-two, slo-aware."
+        ),
+    ] = None,
     time_scale: Annotated[
         float,
         typer.Option(
@@ -123,8 +138,9 @@ def serve(
         str | None,
         typer.Option(
             "--admission",
-            help="429 policy: none, queue (default; --max-queue) or slo (also refuse real-time "
-            "requests whose TTFT target or deadline can no longer be met).",
+            help="429 policy: none, queue (the default: 429 at --max-queue; emulated: no cap "
+            "unless --max-queue is set; openai: 1024) or slo (also refuse real-time requests "
+            "whose TTFT target or deadline can no longer be met).",
         ),
     ] = None,
     order: Annotated[
@@ -132,6 +148,52 @@ def serve(
     ] = None,
     max_concurrency: Annotated[
         int | None, typer.Option("--max-concurrency", help="Openai: requests per upstream at once.")
+    ] = None,
+    retries: Annotated[
+        int | None,
+        typer.Option("--retries", help="Openai: extra attempts before the first token (2)."),
+    ] = None,
+    breaker_failures: Annotated[
+        int | None,
+        typer.Option(
+            "--breaker-failures", help="Openai: consecutive failures that open a breaker (3)."
+        ),
+    ] = None,
+    breaker_open_s: Annotated[
+        float | None,
+        typer.Option("--breaker-open-s", help="Openai: seconds a breaker stays open (5)."),
+    ] = None,
+    health_interval_s: Annotated[
+        float | None,
+        typer.Option(
+            "--health-interval-s", help="Openai: seconds between health checks/scrapes (2; 0 off)."
+        ),
+    ] = None,
+    connect_timeout_s: Annotated[
+        float | None,
+        typer.Option("--connect-timeout-s", help="Openai: upstream connect timeout (2)."),
+    ] = None,
+    read_timeout_s: Annotated[
+        float | None,
+        typer.Option("--read-timeout-s", help="Openai: longest upstream silence (60)."),
+    ] = None,
+    queue_timeout_s: Annotated[
+        float | None,
+        typer.Option("--queue-timeout-s", help="Openai: longest wait in the gateway queue (60)."),
+    ] = None,
+    forward_priority: Annotated[
+        bool | None,
+        typer.Option(
+            "--forward-priority/--no-forward-priority",
+            help="Openai: send priority to the engines (vLLM priority scheduling; off).",
+        ),
+    ] = None,
+    forward_slo: Annotated[
+        bool | None,
+        typer.Option(
+            "--forward-slo/--no-forward-slo",
+            help="Openai: send request_class/slo/qoe to sloserve upstreams (off).",
+        ),
     ] = None,
     strict: Annotated[
         bool,
@@ -152,7 +214,9 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", help="Shutdown: seconds to let streams finish.")
     ] = 30.0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of output lengths and routers.")] = 0,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="Seed of output lengths and routers (0).")
+    ] = None,
     log_level: Annotated[
         str, typer.Option("--log-level", help="uvicorn log level (warning hides access logs).")
     ] = "warning",
@@ -175,19 +239,25 @@ def serve(
         raise ConfigError(validation_message(e, "serve options")) from None
     if backend == "emulated":
         be = _emulated_backend(
-            config, flags, model, gpu, replicas, policy, router, time_scale, output_length,
-            served_model_name, max_queue, seed, admission,
+            config, flags, model, gpu, replicas, policy, router or "least-loaded", time_scale,
+            output_length, served_model_name, max_queue, seed or 0, admission,
         )  # fmt: skip
         what = (
             f"emulated {be.config.instance.profile} x{be.config.replicas}, policy "
             f"{be.config.policy}, router {be.config.router}, model {be.model_name!r}"
         )
     elif backend == "openai":
-        be = _upstream_backend(
-            upstream or [], router, admission, order, max_queue, max_concurrency, seed,
-            flags.get("profile"), served_model_name,
-        )  # fmt: skip
-        what = f"upstreams {', '.join(upstream or [])}, router {router}"
+        given = {
+            "router": router, "admission": admission, "order": order, "max_queue": max_queue,
+            "max_concurrency": max_concurrency, "seed": seed, "profile": flags.get("profile"),
+            "retries": retries, "breaker_failures": breaker_failures,
+            "breaker_open_s": breaker_open_s, "health_interval_s": health_interval_s,
+            "connect_timeout_s": connect_timeout_s, "read_timeout_s": read_timeout_s,
+            "queue_timeout_s": queue_timeout_s, "forward_priority": forward_priority,
+            "forward_slo": forward_slo,
+        }  # fmt: skip
+        be = _upstream_backend(upstream or [], config, served_model_name, given)
+        what = f"upstreams {', '.join(be.config.upstreams)}, router {be.config.router}"
     else:
         raise ConfigError(f"unknown --backend {backend!r}; choose emulated or openai")
     if not 0 < port < 65536:

@@ -39,7 +39,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 from urllib.parse import quote
 
 import uvicorn
@@ -153,7 +153,14 @@ def _header_list(names: list[str]) -> str:
 _DONE = "data: [DONE]\n\n"
 
 
-def server_options() -> dict[str, str]:
+class ServerOptions(TypedDict):
+    """uvicorn ``Config`` keywords: ``uvicorn.Config(app, **server_options())``."""
+
+    loop: str
+    http: str
+
+
+def server_options() -> ServerOptions:
     """uvicorn's fastest event loop and HTTP parser when installed (``uvloop``,
     ``httptools``: the ``serve`` extra), else the pure-Python ones."""
     from importlib.util import find_spec
