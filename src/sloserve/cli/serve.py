@@ -199,7 +199,8 @@ def serve(
         bool,
         typer.Option(
             "--strict/--lenient",
-            help="Unknown body fields: 400, or ignore and name them in x-sloserve-ignored-params.",
+            help="Unknown body fields: 400, or name them in x-sloserve-ignored-params "
+            "(emulated: dropped) / x-sloserve-forwarded-params (openai: passed on).",
         ),
     ] = False,
     slo_preset: Annotated[

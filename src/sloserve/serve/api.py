@@ -86,8 +86,9 @@ class GatewaySettings(BaseModel):
 
     strict: bool = Field(
         default=False,
-        description="reject unknown body fields (400); lenient mode ignores them and names "
-        "them in the x-sloserve-ignored-params header",
+        description="reject unknown body fields (400); lenient mode names them in the "
+        "x-sloserve-forwarded-params header (a backend that passes them on) or in "
+        "x-sloserve-ignored-params (one that drops them)",
     )
     slo_preset: Literal["bros", "qlm", "none"] = Field(
         default="bros", description="per-class SLO defaults"
