@@ -507,6 +507,34 @@ def test_mid_stream_failure_and_no_backend() -> None:
         assert 'sloserve_requests_total{class="rt",status="unavailable"} 1.0' in text
 
 
+class BuggyBackend(FlakyBackend):
+    """Two tokens, then an exception outside the contract (a bug in the backend)."""
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        try:
+            yield TokenChunk(" a", 1)
+            yield TokenChunk(" b", 1)
+            raise KeyError("oops")
+        finally:
+            self.closed += 1
+
+
+def test_a_backend_bug_mid_stream_still_ends_with_an_error_event() -> None:
+    be = BuggyBackend()
+    with live_server(be) as srv:
+        body = {"model": "any", "prompt": "hi", "stream": True}
+        r = httpx.post(f"{srv.base_url}/completions", json=body, timeout=10)
+        events = sse_events(r)
+        assert events[-1] == "[DONE]"
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == "internal" and "KeyError" in err["message"]
+        assert be.closed == 1
+        # and the server still serves
+        r = httpx.post(f"{srv.base_url}/completions", json={**body, "stream": False}, timeout=10)
+        assert r.status_code == 500 and r.json()["error"]["message"]
+        assert be.closed == 2
+
+
 def test_graceful_shutdown_drains_streams() -> None:
     result: dict[str, Any] = {}
     with live_server(time_scale=1.0) as srv:

@@ -32,6 +32,7 @@ finish for ``drain_timeout_s``, then ends the rest with an SSE error event and `
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import time
@@ -64,6 +65,8 @@ from sloserve.serve.schemas import (
     unsupported_params,
 )
 from sloserve.workloads.spec import SLO_PRESETS
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -536,7 +539,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         the last tokens, the usage chunk and ``[DONE]`` share a write."""
         status = "cancelled"
         completion = 0
-        nxt = source.__anext__
+        nxt = partial(_backend_next, source.__anext__)
         events: list[str] = [factory.role_event()] if chat else []
         try:
             try:
@@ -631,6 +634,21 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
 
 class _Disconnected(Exception):
     """The client closed the connection before the response started."""
+
+
+async def _backend_next(nxt: Callable[[], Awaitable[TokenChunk]]) -> TokenChunk:
+    """The backend's next chunk; a bug in a backend (any exception but the contract's
+    :class:`ServeError`) becomes a ``ServeError`` too, so that the stream still ends with
+    an explicit error event and ``[DONE]`` instead of being cut."""
+    try:
+        return await nxt()
+    except (ServeError, StopAsyncIteration, asyncio.CancelledError):
+        raise
+    except Exception as e:
+        _log.exception("backend failed mid-stream")
+        raise ServeError(
+            f"internal error in the backend: {type(e).__name__}: {e}", status=500, reason="internal"
+        ) from e
 
 
 async def _unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
