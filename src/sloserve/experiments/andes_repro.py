@@ -45,8 +45,8 @@ import numpy as np
 import pandas as pd
 
 from sloserve.core.errors import ConfigError
-from sloserve.experiments.runner import InstanceConfig, SimConfig, simulate
-from sloserve.workloads import ConstantArrivals, WorkloadSpec
+from sloserve.experiments.runner import InstanceConfig, SimConfig, saturation_throughput, simulate
+from sloserve.workloads import WorkloadSpec
 
 PAPER = {
     "qoe_ratio_vs_vllm_intensity": 4.7,
@@ -160,19 +160,9 @@ class Run:
 
 def throughput(scenario: Scenario, *, n: int = 400, seed: int = 0, max_running: int = 256) -> float:
     """Requests/s vLLM completes when ``n`` requests of the mix are all queued at once."""
-    cfg = SimConfig(
-        workload=WorkloadSpec(
-            mix=scenario.mix,
-            arrival=ConstantArrivals(rate=1e6),
-            num_requests=n,
-            duration_s=None,
-            seed=seed,
-        ),
-        instance=InstanceConfig(profile=scenario.profile, max_running=max_running),
-        policy="vllm",
+    return saturation_throughput(
+        scenario.mix, scenario.profile, n=n, seed=seed, max_running=max_running
     )
-    s = simulate(cfg).summary
-    return float(s["finished"] / s["simulated_seconds"])
 
 
 def plan_runs(plan: Plan, capacity: dict[Scenario, float]) -> list[Run]:

@@ -90,6 +90,7 @@ from sloserve.experiments.runner import (
     RunResult,
     SimConfig,
     build_instance,
+    saturation_throughput,
     simulate,
 )
 from sloserve.metrics.summary import token_times
@@ -308,19 +309,9 @@ def rt_capacity(
     scenario: Scenario, *, n: int = 400, seed: int = 0, max_running: int = 256
 ) -> float:
     """RT requests/s vLLM completes when ``n`` RT requests of the mix are queued at once."""
-    cfg = SimConfig(
-        workload=WorkloadSpec(
-            mix=scenario.mix,
-            arrival=ConstantArrivals(rate=1e6),
-            num_requests=n,
-            duration_s=None,
-            seed=seed,
-        ),
-        instance=InstanceConfig(profile=scenario.profile, max_running=max_running),
-        policy="vllm",
+    return saturation_throughput(
+        scenario.mix, scenario.profile, n=n, seed=seed, max_running=max_running
     )
-    s = simulate(cfg).summary
-    return float(s["finished"] / s["simulated_seconds"])
 
 
 def be_capacity(profile: str, *, n: int = 400, seed: int = 0, max_running: int = 256) -> float:

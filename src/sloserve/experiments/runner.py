@@ -27,6 +27,7 @@ from sloserve.engine.interface import Limits
 from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.summary import request_table, summarize, token_times
 from sloserve.policies.registry import make_policy
+from sloserve.workloads.arrivals import ConstantArrivals
 from sloserve.workloads.spec import (
     BatchJobs,
     Workload,
@@ -348,3 +349,23 @@ def compare(cfg: SimConfig, policies: Sequence[str]) -> dict[str, RunResult]:
         make_policy(p, cfg.policy_params)
     workload = workload_of(cfg)
     return {p: simulate(cfg.model_copy(update={"policy": p}), workload) for p in policies}
+
+
+def saturation_throughput(
+    mix: str, profile: str, *, n: int = 400, seed: int = 0, max_running: int = 256
+) -> float:
+    """Requests/s that vLLM completes on ``profile`` when ``n`` requests of ``mix`` are all
+    queued at once: the replica's capacity, which the reproductions scale their loads by."""
+    cfg = SimConfig(
+        workload=WorkloadSpec(
+            mix=mix,
+            arrival=ConstantArrivals(rate=1e6),
+            num_requests=n,
+            duration_s=None,
+            seed=seed,
+        ),
+        instance=InstanceConfig(profile=profile, max_running=max_running),
+        policy="vllm",
+    )
+    s = simulate(cfg).summary
+    return float(s["finished"] / s["simulated_seconds"])
