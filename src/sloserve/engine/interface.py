@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
+from sloserve.core.errors import ConfigError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import CostModel
@@ -31,6 +32,17 @@ class PreemptionMode(str, enum.Enum):
     """Drop the KV cache; the request later refills prompt + generated tokens."""
     SWAP = "swap"
     """Copy the KV cache to the CPU tier; swapping it back costs PCIe time."""
+
+    @classmethod
+    def parse(cls, value: object, policy: str) -> PreemptionMode:
+        """``value`` as a mode (a policy parameter from a config), or a ConfigError naming
+        the policy and the value."""
+        try:
+            return cls(value)
+        except ValueError as e:
+            raise ConfigError(
+                f"policy {policy!r}: preemption_mode must be recompute or swap, got {value!r}"
+            ) from e
 
 
 @dataclass(frozen=True, slots=True)

@@ -832,13 +832,7 @@ def make_bros(params: Mapping[str, Any], name: str = "bros") -> Scheduler:
         )
     p = dict(params)
     if p.get("preemption_mode") is not None:
-        try:
-            p["preemption_mode"] = PreemptionMode(p["preemption_mode"])
-        except ValueError as e:
-            raise ConfigError(
-                f"policy {name!r}: preemption_mode must be recompute or swap, "
-                f"got {p['preemption_mode']!r}"
-            ) from e
+        p["preemption_mode"] = PreemptionMode.parse(p["preemption_mode"], name)
     try:
         return BROSScheduler(BROSConfig(**p), name=name)
     except (TypeError, ValueError) as e:

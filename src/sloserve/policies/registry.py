@@ -54,13 +54,7 @@ def _unified(name: str, base: UnifiedConfig) -> PolicyFactory:
             )
         p = dict(params)
         if "preemption_mode" in p:
-            try:
-                p["preemption_mode"] = PreemptionMode(p["preemption_mode"])
-            except ValueError as e:
-                raise ConfigError(
-                    f"policy {name!r}: preemption_mode must be recompute or swap, "
-                    f"got {p['preemption_mode']!r}"
-                ) from e
+            p["preemption_mode"] = PreemptionMode.parse(p["preemption_mode"], name)
         try:
             cfg = dataclasses.replace(base, **p)
         except (TypeError, ValueError) as e:
