@@ -22,8 +22,9 @@ a throwaway virtual environment and point ``--guidellm`` at it::
 
 Needs no tokenizer download: the prompts come from a generated JSONL file and token counts
 from the server's usage. guidellm (0.8) always asks for vLLM's
-``stream_options.continuous_usage_stats``, which the gateway rejects as an unsupported
-parameter; the script sets it to ``false`` through guidellm's request extras.
+``stream_options.continuous_usage_stats``; the gateway supports it (every chunk then carries
+the running usage), and the script turns it off through guidellm's request extras so that
+the chunks are as small as a plain client's.
 
 ``--slow-upstream 0.5`` makes the last upstream half as fast (its ``--time-scale``), and
 ``--router round-robin,least-loaded,...`` runs the benchmark once per router: what routing
