@@ -608,7 +608,10 @@ def test_server_side_pacing() -> None:
                     times.append(time.monotonic())
         assert len(times) == 8
         gaps = np.diff(times)
-        assert gaps.min() > 0.015  # 20 ms apart (the engine alone: ~0.5 ms at 20x)
+        # 20 ms apart (the engine alone: ~0.5 ms at 20x). Receipt times jitter on a busy
+        # machine (a late token makes the next gap short), so check the typical gap and the
+        # span rather than every single gap.
+        assert np.median(gaps) > 0.015
         assert sum(gaps) == pytest.approx(7 * 0.02, abs=0.05)
         # without a qoe spec, nothing is paced
         times.clear()
