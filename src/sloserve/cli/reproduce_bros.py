@@ -175,7 +175,7 @@ def reproduce_bros(
     for key, paper in PAPER.items():
         t.add_row(key, _fmt(ours.get(key)), f"{paper:g}")
     console.print(t)
-    console.print("Why ours differ (see docs/readme/bros-repro.md):", highlight=False)
+    console.print("Why ours differ (see the README's 'Reproducing BROS'):", highlight=False)
     for gap in GAPS:
         console.print(f"  - {gap}", highlight=False)
     for msg in rep.failed:
