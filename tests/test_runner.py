@@ -88,3 +88,16 @@ def test_chunk_size_is_p_only_for_chunked_policies() -> None:
     assert res["vllm"].summary["rejected"] == 0  # whole prompts, P = C
     assert res["vllm"].summary["limits"]["max_prefill_tokens"] == 4096
     assert res["sarathi"].summary["limits"]["max_prefill_tokens"] == 256
+
+
+def test_jsonable_is_strict_json() -> None:
+    import json
+
+    import numpy as np
+
+    from sloserve.experiments.report import jsonable
+
+    data = {1: [np.float64("nan"), float("inf"), -np.inf, np.int64(3), (2.5, "x")]}
+    out = jsonable(data)
+    assert out == {"1": [None, "inf", "-inf", 3, [2.5, "x"]]}
+    json.loads(json.dumps(out), parse_constant=lambda c: pytest.fail(f"non-standard {c}"))

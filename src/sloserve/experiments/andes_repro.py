@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from sloserve.core.errors import ConfigError
+from sloserve.experiments.report import jsonable
 from sloserve.experiments.runner import InstanceConfig, SimConfig, saturation_throughput, simulate
 from sloserve.workloads import WorkloadSpec
 
@@ -390,21 +391,9 @@ def reproduce(
     cap = {f"{sc.profile}/{sc.mix}": v for sc, v in capacity.items()}
     rep = Reproduction(results, cap, headline(results))
     rep.headline["capacity_requests_per_s"] = cap
-    (out_dir / "headline.json").write_text(json.dumps(_clean(rep.headline), indent=2) + "\n")
+    (out_dir / "headline.json").write_text(json.dumps(jsonable(rep.headline), indent=2) + "\n")
     plot(results, out_dir)
     return rep
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, np.generic):
-        return _clean(x.item())
-    return x
 
 
 def plot(results: pd.DataFrame, out_dir: Path) -> None:

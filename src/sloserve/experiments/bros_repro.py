@@ -85,6 +85,7 @@ import pandas as pd
 
 from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.core.request import RequestClass
+from sloserve.experiments.report import jsonable
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -823,25 +824,9 @@ def reproduce(
     }
     rep.headline["gaps"] = list(GAPS)
     rep.headline["failed_runs"] = failed
-    (out_dir / "headline.json").write_text(json.dumps(_clean(rep.headline), indent=2) + "\n")
+    (out_dir / "headline.json").write_text(json.dumps(jsonable(rep.headline), indent=2) + "\n")
     plot(results, overhead, out_dir)
     return rep
-
-
-def _clean(x: Any) -> Any:
-    """Strict JSON: NaN -> null, ±inf -> "inf"/"-inf"."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.generic):
-        return _clean(x.item())
-    if isinstance(x, float):
-        if math.isnan(x):
-            return None
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-    return x
 
 
 # ------------------------------------------------------------------ plots and tables

@@ -66,6 +66,7 @@ import pandas as pd
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
 from sloserve.costmodel.profile import load_profile
+from sloserve.experiments.report import jsonable
 from sloserve.experiments.runner import InstanceConfig, SimConfig, simulate
 from sloserve.policies.registry import make_policy
 from sloserve.workloads import ConstantArrivals, WorkloadSpec, build_requests
@@ -578,7 +579,7 @@ def reproduce(
         head["csp_note"] = csp_note
     head["plan"] = asdict(plan)
     findings = findings_table(head)
-    (out_dir / "headline.json").write_text(json.dumps(_clean(head), indent=2) + "\n")
+    (out_dir / "headline.json").write_text(json.dumps(jsonable(head), indent=2) + "\n")
     (out_dir / "findings.md").write_text(findings_markdown(findings, head))
     plot(results, csp, out_dir)
     return Reproduction(results, csp, head, findings)
@@ -1065,18 +1066,6 @@ def findings_markdown(findings: pd.DataFrame, head: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"Note: {head['csp_note']}")
     return "\n".join(lines) + "\n"
-
-
-def _clean(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if isinstance(x, np.generic):
-        return _clean(x.item())
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
 
 
 # ----------------------------------------------------------------------------- plots

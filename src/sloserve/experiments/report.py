@@ -51,14 +51,20 @@ def summary_rows(results: Mapping[str, RunResult]) -> list[list[str]]:
 
 
 def jsonable(x: Any) -> Any:
+    """``x`` as strict JSON data: numpy scalars become Python ones, NaN becomes ``null`` and
+    ±inf the strings ``"inf"``/``"-inf"`` (``json.dumps`` would write non-standard
+    ``NaN``/``Infinity`` that strict parsers refuse)."""
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [jsonable(v) for v in x]
-    if isinstance(x, float) and math.isnan(x):
-        return None
     if isinstance(x, np.generic):
         return jsonable(x.item())
+    if isinstance(x, float):
+        if math.isnan(x):
+            return None
+        if math.isinf(x):
+            return "inf" if x > 0 else "-inf"
     return x
 
 
