@@ -303,3 +303,48 @@ def test_drain_hands_over_the_backlog() -> None:
         await be.stop(0)
 
     run(main())
+
+
+class _FailsOnCall(Scheduler):
+    """Delegates to ``inner`` until ``arm`` is set, then raises on the next call."""
+
+    name = "fails"
+
+    def __init__(self, inner: Scheduler) -> None:
+        self.inner = inner
+        self.arm = False
+
+    def schedule(self, view: InstanceView) -> SchedulerOutput:
+        if self.arm:
+            self.arm = False
+            raise RuntimeError("boom")
+        return self.inner.schedule(view)
+
+
+def test_engine_error_before_an_arrival_is_stepped_leaves_no_ghost() -> None:
+    """The engine fails on an event that was due before a new request's arrival (a loop
+    that fell behind): that request ends with the error and never enters the engine
+    afterwards (no request without a consumer holding KV and compute)."""
+
+    async def main() -> None:
+        be = emulated(instance=CONST, time_scale=20.0)
+        await be.start()
+        (inst,) = be.instances()
+        fails = _FailsOnCall(inst.scheduler)
+        inst.scheduler = fails
+        a = be.generate(greq(max_tokens=50))
+        await a.__anext__()
+        fails.arm = True
+        time.sleep(0.02)  # the loop falls behind: A's next iteration end is due
+        with pytest.raises(ServeError) as e:
+            await collect(be, greq(prompt=200, max_tokens=1000))
+        assert e.value.reason == "engine_error"
+        with pytest.raises(ServeError):
+            async for _c in a:  # the tokens produced before the error, then the error
+                pass
+        await asyncio.sleep(0.02)
+        assert inst.num_live == 0 and inst.kv.num_used_blocks == 0
+        assert be.replicas()[0].in_flight == 0
+        await be.stop(0)
+
+    run(main())

@@ -342,8 +342,18 @@ class _Replica:
     # ---------------------------------------------------------------- requests
     def add(self, req: Request, stream: _Stream) -> None:
         self.streams[req.req_id] = stream
-        self.env.schedule(req.arrival, partial(self.inst.add_request, req), PRIO_ARRIVAL)
+        self.env.schedule(req.arrival, partial(self._arrive, req, stream), PRIO_ARRIVAL)
         self.kick()
+
+    def _arrive(self, req: Request, stream: _Stream) -> None:
+        # A stream already ended (the engine failed on an earlier due event and reset the
+        # replica) or released never enters the engine: it would be a request without a
+        # consumer, holding KV cache and compute until it ran to its end.
+        if stream.finish or self.streams.get(req.req_id) is not stream:
+            if not req.status.is_terminal:
+                req.abort(self.env.now)
+            return
+        self.inst.add_request(req)
 
     def release(self, stream: _Stream) -> None:
         """The consumer is gone: abort the request if it is still live (frees its KV)."""
