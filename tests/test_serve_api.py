@@ -510,7 +510,11 @@ def test_mid_stream_failure_and_no_backend() -> None:
 class BuggyBackend(FlakyBackend):
     """Two tokens, then an exception outside the contract (a bug in the backend)."""
 
+    bug_first = False
+
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        if self.bug_first:
+            raise KeyError("before the first token")
         try:
             yield TokenChunk(" a", 1)
             yield TokenChunk(" b", 1)
@@ -533,6 +537,13 @@ def test_a_backend_bug_mid_stream_still_ends_with_an_error_event() -> None:
         r = httpx.post(f"{srv.base_url}/completions", json={**body, "stream": False}, timeout=10)
         assert r.status_code == 500 and r.json()["error"]["message"]
         assert be.closed == 2
+        be.bug_first = True  # and a bug before the first token
+        r = httpx.post(f"{srv.base_url}/completions", json=body, timeout=10)
+        assert r.status_code == 500 and r.json()["error"]["message"]
+        # each request counted once, as an error (not cancelled, not missing)
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        assert 'sloserve_requests_total{class="rt",status="error"} 3.0' in text
+        assert 'sloserve_requests_total{class="rt",status="cancelled"} 0.0' in text
 
 
 def test_graceful_shutdown_drains_streams() -> None:

@@ -488,7 +488,9 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         except StopAsyncIteration:
             metrics.count("error", cls)
             raise _ApiError(500, "the backend ended the request without a token") from None
-        except BaseException:
+        except BaseException as e:
+            # a bug in the backend (a 500) or this handler cancelled: still counted, once
+            metrics.count("error" if isinstance(e, Exception) else "cancelled", cls)
             await _close(agen)
             raise
         rec = RequestRecord(cls, arrival, greq.slo, greq.qoe)
@@ -613,6 +615,9 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         except ServeError as e:
             status = "error"
             raise _serve_error(e) from None
+        except Exception:
+            status = "error"  # a bug in the backend: a 500, not a cancelled request
+            raise
         finally:
             await _close(stream, agen)
             metrics.finish(rec, status)
