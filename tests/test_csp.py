@@ -3,6 +3,7 @@ replay of its schedules, the online variant, the options, and the §4.5 finding.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -297,3 +298,57 @@ def test_section45_finding() -> None:
     assert short["best_evicting_latency"] == short["optimal_latency"]
     assert "!r" in short["optimal_schedule"] and "!r" not in long["optimal_schedule"]
     assert long["optimal_latency"] <= long["best_preset_latency"] * (1 + 1e-9)
+
+
+def test_replay_refuses_batches_the_engine_never_runs() -> None:
+    jobs, limits = TINY["two-evict"]
+    full = [
+        ScheduledBatch(((0, 3),)),
+        ScheduledBatch(((0, 1),)),
+        ScheduledBatch(((1, 3),)),
+        ScheduledBatch(((1, 1),)),
+    ]
+    replay(Schedule(tuple(full)), jobs, CM, limits)  # the valid schedule replays
+    # a trailing batch for a finished request: evaluate refuses it, so must replay
+    extra = Schedule((*full, ScheduledBatch(((1, 1),))))
+    with pytest.raises(SchedulerViolation):
+        evaluate(extra, jobs, CM, limits)
+    with pytest.raises(SchedulerViolation, match="finished"):
+        replay(extra, jobs, CM, limits)
+    # a request id that is not in the instance is a violation, not a stall
+    with pytest.raises(SchedulerViolation, match="not in the instance"):
+        replay(Schedule((ScheduledBatch(((0, 3), (7, 1))),)), jobs, CM, limits)
+
+
+def test_huge_or_non_finite_inputs_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        Job(0, 2, 2, float("inf"))
+    jobs = uniform_jobs(2, 2, 2)
+    fast = CspOptions(**FAST)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="non-finite"):
+        solve(jobs, Limits(4096, 4096, 100, 8, 1), ConstantCostModel(float("inf")), fast)
+    with pytest.raises(ConfigError, match="too large"):
+        solve(uniform_jobs(2, 10**8, 2), Limits(4096, 4096, 10**9, 8, 1), CM, fast)
+    with pytest.raises(ConfigError, match="too large"):
+        solve(uniform_jobs(3, 1, 10**5), Limits(4096, 4096, 10**6, 8, 1), CM, fast)
+    with pytest.raises(ConfigError, match="too large"):
+        solve(jobs, Limits(4096, 4096, 100, 8, 1), CM, dataclasses.replace(fast, max_batches=10**6))
+    # a huge M on a tiny instance is fine (it never binds): no free list of 10^12 blocks
+    huge = Limits(4096, 4096, 10**12, 8, 1)
+    res = solve(jobs, huge, CM, CspOptions(workers=1, time_limit_s=20))
+    assert res.schedule is not None and res.status == "optimal"
+    assert replay(res.schedule, jobs, CM, huge).all_finished
+    # a binary schedule file
+    path = tmp_path / "bin.json"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="not a text file"):
+        read_schedule(path)
+
+
+def test_infeasible_better_than_says_whether_it_is_global() -> None:
+    jobs, limits = TINY["two-evict"]
+    no = solve(jobs, limits, CM, CspOptions(better_than="vllm-ef", better_by_pct=50, **FAST))  # type: ignore[arg-type]
+    assert no.status == "infeasible"
+    # J = serving one request after another is far more than a schedule 50% better than
+    # vllm-ef can use: the infeasibility is a proof over all schedules
+    assert no.batches_sufficient is True

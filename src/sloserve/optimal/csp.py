@@ -69,6 +69,7 @@ target) or ``unknown`` (the limit hit before any solution).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -95,6 +96,12 @@ Status = Literal["optimal", "feasible", "infeasible", "unknown"]
 
 INSTALL_HINT = "pip install 'sloserve[solver]'"
 
+MAX_TOKENS = 10_000_000
+"""Largest Σ (I + O − 1) the CSP accepts: the warm-start runs allocate KV token-exactly."""
+MAX_CELLS = 200_000
+"""Largest requests × batches (N·J) the CSP builds (about 20 variables per cell); larger
+instances are refused with a ConfigError instead of exhausting memory while building."""
+
 
 class SolverUnavailable(SloserveError, ImportError):
     """OR-Tools is not installed; the message names the extra that provides it."""
@@ -109,15 +116,21 @@ def _cp_model() -> Any:
 
 
 def linear_coefficients(cost_model: CostModel) -> LinearCoefficients:
-    """The coefficients the CSP prices batches with; only linear-form models qualify."""
+    """The coefficients the CSP prices batches with; only linear-form models with finite
+    coefficients qualify."""
     if isinstance(cost_model, LinearCostModel):
-        return cost_model.c
-    if isinstance(cost_model, ConstantCostModel):
-        return LinearCoefficients(token_floor=cost_model.iteration_s)
-    raise ConfigError(
-        "the CSP needs a linear cost model (a profile or constant:SECONDS), "
-        f"got {cost_model.name!r}"
-    )
+        coef = cost_model.c
+    elif isinstance(cost_model, ConstantCostModel):
+        coef = LinearCoefficients(token_floor=cost_model.iteration_s)
+    else:
+        raise ConfigError(
+            "the CSP needs a linear cost model (a profile or constant:SECONDS), "
+            f"got {cost_model.name!r}"
+        )
+    bad = [k for k, v in coef.model_dump().items() if not math.isfinite(v)]
+    if bad:
+        raise ConfigError(f"cost model {cost_model.name!r}: non-finite coefficients {bad}")
+    return coef
 
 
 @dataclass(frozen=True)
@@ -371,6 +384,21 @@ def solve(
                 f"request {j.req_id} needs {j.max_kv} KV tokens (I+O-1) "
                 f"> M={limits.kv_capacity_tokens}"
             )
+    tokens = sum(j.max_kv for j in jobs)
+    if tokens > MAX_TOKENS:
+        raise ConfigError(
+            f"instance too large for the CSP: {tokens} KV tokens (Σ I+O-1) > {MAX_TOKENS}"
+        )
+    if len(jobs) * max(j.output_tokens for j in jobs) > MAX_CELLS:
+        raise ConfigError(
+            f"instance too large for the CSP: {len(jobs)} requests × at least "
+            f"{max(j.output_tokens for j in jobs)} batches > {MAX_CELLS} cells"
+        )
+    # M beyond 2·Σ(I+O) never binds, neither the CSP nor a preset (vLLM's 1% watermark
+    # included): cap it so that the engine runs do not allocate a huge free list
+    m_cap = 2 * sum(j.input_tokens + j.output_tokens for j in jobs)
+    if limits.kv_capacity_tokens > m_cap:
+        limits = dataclasses.replace(limits, kv_capacity_tokens=m_cap)
     coef = linear_coefficients(cost_model)
     cp_model = _cp_model()
 
@@ -411,11 +439,15 @@ def solve(
             math.ceil(j.input_tokens / limits.max_prefill_tokens) + j.output_tokens - 1
             for j in jobs
         )
+    if len(jobs) * J > MAX_CELLS:
+        raise ConfigError(
+            f"instance too large for the CSP: {len(jobs)} requests × J={J} batches > "
+            f"{MAX_CELLS} cells (pass a smaller --max-batches or fewer requests)"
+        )
     sufficient: bool | None = None
     need: int | None = None
     if hint_eval is not None:
         need = batches_needed(jobs, hint_eval.metric(opts.objective), opts.objective, cost_model)
-        sufficient = None if need is None else need <= J
 
     unit = opts.time_unit_s
 
@@ -436,6 +468,12 @@ def solve(
             )
         target = ref.evaluation.metric(opts.objective) * (1 - opts.better_by_pct / 100)
         model.Add(built.objective <= math.floor(target / unit * built.obj_scale))
+        # any schedule meeting the target uses at most this many batches: with J at least
+        # that, "infeasible" means no schedule at all is that much better
+        by_target = batches_needed(jobs, target, opts.objective, cost_model)
+        if by_target is not None and (need is None or by_target < need):
+            need = by_target
+    sufficient = None if need is None else need <= J
 
     model.Minimize(built.objective)
     hinted = False

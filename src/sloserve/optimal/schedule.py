@@ -25,8 +25,10 @@ Evictions are recompute evictions (the CSP of InferMax §3.3 has no swapping).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +68,8 @@ class Job:
     def __post_init__(self) -> None:
         if self.input_tokens < 1 or self.output_tokens < 1:
             raise ConfigError(f"request {self.req_id}: input and output must be >= 1 token")
-        if not self.arrival_s >= 0:
-            raise ConfigError(f"request {self.req_id}: arrival must be >= 0")
+        if not 0 <= self.arrival_s < math.inf:
+            raise ConfigError(f"request {self.req_id}: arrival must be finite and >= 0")
 
     @property
     def max_kv(self) -> int:
@@ -328,6 +330,8 @@ def read_schedule(path: Path) -> tuple[Schedule, list[Job], Limits, str | None]:
         doc = json.loads(path.read_text())
     except OSError as e:
         raise ConfigError(f"cannot read schedule {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file ({e.reason})") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from e
     return schedule_from_dict(doc)
@@ -339,20 +343,40 @@ class ReplayScheduler(Scheduler):
 
     When a batch names a request that has not arrived yet the policy returns nothing and
     the engine sleeps until the next arrival (the CSP's batch start is the same
-    ``max(previous end, arrivals)``). The engine validates every batch as for any policy.
+    ``max(previous end, arrivals)``). The engine validates every batch as for any policy;
+    a batch naming a request that is not in the instance (``req_ids``, when given) or has
+    already finished is refused here, since the engine never sees it (it would wait for an
+    arrival that never comes, or end with the batch unrun).
     """
 
     name = "replay"
     chunked_prefill = True
 
-    def __init__(self, schedule: Schedule) -> None:
+    def __init__(self, schedule: Schedule, req_ids: Sequence[int] | None = None) -> None:
         self.batches = schedule.batches
         self.next = 0
+        self.req_ids = None if req_ids is None else frozenset(req_ids)
+        self.finished: set[int] = set()
+
+    def on_finish(self, req: Request, now: float) -> None:
+        self.finished.add(req.req_id)
 
     def schedule(self, view: InstanceView) -> SchedulerOutput:
         if self.next >= len(self.batches):
             return EMPTY_OUTPUT
         batch = self.batches[self.next]
+        named = [rid for rid, _n in batch.entries] + list(batch.evict)
+        gone = [
+            rid
+            for rid in named
+            if rid in self.finished or (self.req_ids is not None and rid not in self.req_ids)
+        ]
+        if gone:
+            raise SchedulerViolation(
+                self.name,
+                "batch",
+                f"batch {self.next}: requests {gone} are finished or not in the instance",
+            )
         live = {r.req_id: r for r in (*view.waiting, *view.running)}
         if any(rid not in live for rid, _n in batch.entries):
             return EMPTY_OUTPUT  # wait for an arrival
@@ -451,10 +475,28 @@ def run_engine(
 def replay(
     schedule: Schedule, jobs: Sequence[Job], cost_model: CostModel, limits: Limits
 ) -> EngineRun:
-    """Replay ``schedule`` through the engine; a batch the engine refuses raises
+    """Replay ``schedule`` through the engine; a batch the engine refuses, or one left
+    unrun when every request has finished, raises
     :class:`~sloserve.core.errors.SchedulerViolation`, an unfinished schedule a
-    :class:`~sloserve.core.errors.StallError`."""
-    return run_engine(ReplayScheduler(schedule), jobs, cost_model, limits)
+    :class:`~sloserve.core.errors.StallError`.
+
+    KV capacity beyond what every request holds at once (Σ (I + O)) never binds a fixed
+    schedule, so the engine runs with M capped there (a huge M would otherwise allocate
+    a free list of that many blocks).
+    """
+    cap = sum(j.input_tokens + j.output_tokens for j in jobs)
+    if limits.kv_capacity_tokens > cap:
+        limits = dataclasses.replace(limits, kv_capacity_tokens=max(cap, 1))
+    sched = ReplayScheduler(schedule, [j.req_id for j in jobs])
+    run = run_engine(sched, jobs, cost_model, limits)
+    if sched.next < len(schedule.batches):
+        raise SchedulerViolation(
+            sched.name,
+            "batch",
+            f"batches {sched.next}..{len(schedule.batches) - 1} never ran "
+            "(every request had finished)",
+        )
+    return run
 
 
 def record_policy(
