@@ -696,6 +696,7 @@ def test_cli_serve_process() -> None:
         (["--slo-preset", "gold"], "slo_preset"),
         (["--admission", "maybe"], "admission"),
         (["--admission", "none", "--max-queue", "3"], "max_queue needs"),
+        (["--drain-timeout", "inf"], "drain_timeout_s"),
     ],
 )
 def test_cli_serve_bad_options(args: list[str], message: str) -> None:
@@ -897,3 +898,12 @@ def test_cli_openai_bad_options(args: list[str], message: str) -> None:
     assert result.exit_code != 0
     assert isinstance(result.exception, SloserveError), result.output
     assert message in str(result.exception)
+
+
+@pytest.mark.parametrize(("after", "header"), [(0.2, "1"), (1.0, "1"), (1.4, "2"), (2.5, "3")])
+def test_retry_after_never_earlier_than_the_backend_asks(after: float, header: str) -> None:
+    from sloserve.serve.api import _serve_error
+
+    e = _serve_error(ServeError("full", status=429, reason="queue_full", retry_after_s=after))
+    assert e.headers["retry-after"] == header
+    assert e.headers["x-sloserve-drop-reason"] == "queue_full"

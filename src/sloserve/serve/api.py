@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import socket
 import time
@@ -103,8 +104,9 @@ class GatewaySettings(BaseModel):
         default=False, description="pace each stream server-side at its qoe.tokens_per_s"
     )
     drain_timeout_s: float = Field(
-        default=30.0, ge=0, description="graceful shutdown: wait this long for open streams"
-    )
+        default=30.0, ge=0, le=86_400, allow_inf_nan=False,
+        description="graceful shutdown: wait this long for open streams (at most a day)",
+    )  # fmt: skip
 
 
 class _ApiError(Exception):
@@ -138,7 +140,8 @@ def _error_response(e: _ApiError) -> JSONResponse:
 def _serve_error(e: ServeError) -> _ApiError:
     headers = {"x-sloserve-drop-reason": e.reason}
     if e.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, round(e.retry_after_s)))
+        # whole seconds (RFC 9110), rounded up: never sooner than the backend asked
+        headers["retry-after"] = str(max(1, math.ceil(e.retry_after_s)))
     return _ApiError(e.status, str(e), code=e.reason, headers=headers)
 
 
