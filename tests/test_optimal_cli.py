@@ -101,3 +101,27 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         p = _cli(*args)
         assert p.returncode == 2, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_human_output_says_when_optimal_is_only_within_j() -> None:
+    args = ["--requests", "3", "--input", "3", "--output", "3", "--kv-capacity", "7"]
+    res = RUN.invoke(app, ["optimal", *args, *TINY[8:], "--max-batches", "8"])
+    assert res.exit_code == 0, res.output
+    first = res.output.splitlines()[0]  # the JSON says batches_sufficient false
+    assert first.startswith("optimal within J = 8 batches only (global needs J >= 9)"), first
+
+
+def test_more_bad_input_is_a_typed_error(tmp_path: Path) -> None:
+    from sloserve.core.errors import SloserveError
+
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(b"\xff\xfe\x00binary")
+    for args in (
+        ["--replay", str(binary), "--cost-model", "constant:0.01"],
+        [*TINY, "--cost-model", "constant:inf"],
+        ["--requests", "2", "--input", "1000000000", "--output", "2"],
+        ["--requests", "3", "--input", "1", "--output", "100000"],
+    ):
+        res = RUN.invoke(app, ["optimal", *args])
+        # main() turns a SloserveError into one line and exit status 2
+        assert isinstance(res.exception, SloserveError), (args, res.exception)

@@ -215,8 +215,16 @@ def optimal(
 
 def _print(out: dict[str, Any], result: Any) -> None:
     status = out["status"]
+    # "optimal"/"infeasible" are proven only among schedules of at most J batches unless
+    # J is at least batches_needed: say so rather than let it read as a global claim
+    scope = ""
+    if status in ("optimal", "infeasible") and out["batches_sufficient"] is not True:
+        need = out["batches_needed"]
+        scope = f" within J = {out['max_batches']} batches only (global needs J >= " + (
+            f"{need})" if need is not None else "an unknown bound)"
+        )
     console.print(
-        f"[bold]{status}[/bold]  objective {out['objective']}  gap {out['gap']}  "
+        f"[bold]{status}[/bold]{scope}  objective {out['objective']}  gap {out['gap']}  "
         f"({out['solve_seconds']:.2f} s, J = {out['max_batches']})"
     )
     if result.schedule is None:
