@@ -239,6 +239,17 @@ BAD_INPUTS: list[tuple[str, str, Any, dict[str, str], int, str | None]] = [
     ("temperature-range", "completions",
      {"model": MODEL, "prompt": "hi", "temperature": 9}, {}, 400, "temperature"),
     ("unknown-model", "completions", {"model": "gpt-9", "prompt": "hi"}, {}, 404, "model"),
+    ("max-completion-tokens-over-context", "chat/completions",
+     {"model": MODEL, "messages": _MSG, "max_completion_tokens": CTX}, {}, 400,
+     "max_completion_tokens"),
+    # Python's JSON reads Infinity: an infinite QoE target made the QoE NaN, and one NaN
+    # observation turns the histogram's _sum into NaN for good
+    ("qoe-infinite", "completions",
+     b'{"model": "llama-2-7b", "prompt": "hi", "qoe": {"ttft_s": Infinity, "tokens_per_s": 1}}',
+     {}, 400, "qoe.ttft_s"),
+    ("slo-infinite", "completions",
+     b'{"model": "llama-2-7b", "prompt": "hi", "slo": {"deadline_ms": Infinity}}', {}, 400,
+     "slo.deadline_ms"),
 ]  # fmt: skip
 
 

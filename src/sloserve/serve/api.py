@@ -448,7 +448,8 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                     400,
                     f"this model's maximum context length is {ctx} tokens; the request has "
                     f"{n_prompt} prompt tokens and asks for {asked or 'at least 1'} more",
-                    param="max_tokens" if room >= 1 else ("messages" if chat else "prompt"),
+                    param=(_max_tokens_param(body) if room >= 1
+                           else ("messages" if chat else "prompt")),
                     code="context_length_exceeded",
                 )  # fmt: skip
         if asked is None:
@@ -700,6 +701,13 @@ class GatewayServer(uvicorn.Server):
         await super().shutdown(sockets)
         if task is not None:
             await task
+
+
+def _max_tokens_param(body: AnyRequest) -> str:
+    """The field that set the output cap (``max_completion_tokens`` wins on chat)."""
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
 
 
 def _finish(chunk: TokenChunk) -> str | None:

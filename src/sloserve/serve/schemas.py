@@ -61,7 +61,8 @@ def filler_text(index: int) -> str:
 class SloBody(BaseModel):
     """Per-request latency targets (milliseconds)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # finite: Python's JSON parser reads NaN and Infinity
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ttft_ms: float | None = Field(default=None, gt=0, description="time to first token")
     tpot_ms: float | None = Field(default=None, gt=0, description="mean time per output token")
@@ -72,7 +73,8 @@ class QoEBody(BaseModel):
     """Andes' expected consumption timeline: first token after ``ttft_s``, then
     ``tokens_per_s`` (the user's reading speed; also the server-side pacer's rate)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # finite: an infinite target makes the QoE NaN (and a NaN poisons the histogram's sum)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     ttft_s: float = Field(ge=0)
     tokens_per_s: float = Field(gt=0)
