@@ -352,3 +352,18 @@ def test_infeasible_better_than_says_whether_it_is_global() -> None:
     # J = serving one request after another is far more than a schedule 50% better than
     # vllm-ef can use: the infeasibility is a proof over all schedules
     assert no.batches_sufficient is True
+
+
+def test_hint_with_identical_requests_in_any_order_is_kept() -> None:
+    jobs, limits = TINY["two-evict"]
+    # request 1 first: breaks the finish-order symmetry breaking unless relabelled
+    hint = Schedule(
+        (
+            ScheduledBatch(((1, 3),)),
+            ScheduledBatch(((1, 1),)),
+            ScheduledBatch(((0, 3),)),
+            ScheduledBatch(((0, 1),)),
+        )
+    )
+    res = solve(jobs, limits, CM, CspOptions(**FAST), hint=hint)  # type: ignore[arg-type]
+    assert res.stats["hinted"] is True and res.status == "optimal"

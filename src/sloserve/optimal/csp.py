@@ -359,6 +359,31 @@ def _feasible_for(sched: Schedule, options: CspOptions, jobs: Sequence[Job]) -> 
     return True
 
 
+def _canonical_hint(
+    hint: Schedule, ev: Evaluation, jobs: Sequence[Job], cost_model: CostModel, limits: Limits
+) -> tuple[Schedule, Evaluation]:
+    """Relabel identical requests (same I, O, T) of ``hint`` so that they finish in the
+    order the symmetry breaking requires (by position in ``jobs``); otherwise the hint
+    violates it and is lost. Relabelling identical requests changes no time."""
+    classes: dict[tuple[int, int, float], list[int]] = {}
+    for j in jobs:
+        classes.setdefault((j.input_tokens, j.output_tokens, j.arrival_s), []).append(j.req_id)
+    mapping: dict[int, int] = {}
+    for ids in classes.values():
+        by_finish = sorted(ids, key=lambda r: (ev.finish[r], ids.index(r)))
+        mapping.update(zip(by_finish, ids, strict=True))
+    if all(a == b for a, b in mapping.items()):
+        return hint, ev
+    batches = tuple(
+        ScheduledBatch(
+            tuple((mapping[r], n) for r, n in b.entries), tuple(mapping[r] for r in b.evict)
+        )
+        for b in hint.batches
+    )
+    relabelled = Schedule(batches, hint.meta)
+    return relabelled, evaluate(relabelled, jobs, cost_model, limits)
+
+
 def solve(
     jobs: Sequence[Job],
     limits: Limits,
@@ -428,6 +453,9 @@ def solve(
             warm_name = best[1]
             hint = baselines[warm_name].schedule
             hint_eval = baselines[warm_name].evaluation
+
+    if hint is not None and hint_eval is not None and opts.symmetry_breaking:
+        hint, hint_eval = _canonical_hint(hint, hint_eval, jobs, cost_model, limits)
 
     if opts.max_batches is not None:
         J = opts.max_batches
