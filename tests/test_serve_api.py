@@ -918,3 +918,23 @@ def test_retry_after_never_earlier_than_the_backend_asks(after: float, header: s
     e = _serve_error(ServeError("full", status=429, reason="queue_full", retry_after_s=after))
     assert e.headers["retry-after"] == header
     assert e.headers["x-sloserve-drop-reason"] == "queue_full"
+
+
+def test_rejections_are_counted_under_the_header_class(server: LiveServer) -> None:
+    """A best-effort client (x-request-class: be) whose request is refused is counted as
+    be, not as the default rt."""
+
+    def be_rejected() -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        line = next(
+            ln for ln in text.splitlines()
+            if ln.startswith('sloserve_requests_total{class="be",status="rejected"}')
+        )  # fmt: skip
+        return float(line.split()[-1])
+
+    before = be_rejected()
+    hdr = {"x-request-class": "BE"}
+    url = f"{server.base_url}/completions"
+    assert httpx.post(url, json={"model": "gpt-9", "prompt": "hi"}, headers=hdr).status_code == 404
+    assert httpx.post(url, json={"model": MODEL, "prompt": 5}, headers=hdr).status_code == 400
+    assert be_rejected() == before + 2

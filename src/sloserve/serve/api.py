@@ -282,6 +282,16 @@ def _header_ms(request: Request, name: str) -> float | None:
     return v
 
 
+def _class_label(request: Request, body: AnyRequest | None = None) -> str:
+    """The ``class`` metric label of a request refused before it was fully read: its
+    class as far as it can be told, ``rt`` otherwise (bounded: ``rt`` or ``be``)."""
+    raw = (body.request_class if body is not None else None) or request.headers.get(
+        "x-request-class", ""
+    )
+    v = raw.strip().lower()
+    return v if v in ("rt", "be") else "rt"
+
+
 def _slo_inputs(
     body: AnyRequest, request: Request, preset: str
 ) -> tuple[RequestClass, int, SLO, QoESpec | None]:
@@ -345,7 +355,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     @app.exception_handler(RequestValidationError)
     async def _invalid(req: Request, exc: RequestValidationError) -> JSONResponse:
         if req.url.path.startswith("/v1/"):
-            metrics.count("rejected", "rt")  # no valid body: no class either; the default
+            metrics.count("rejected", _class_label(req))  # no valid body: the header's
         errs = exc.errors()
         first = errs[0] if errs else {}
         param = _param_of(first.get("loc", ()))
@@ -476,7 +486,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         try:
             greq, headers = _prepare(body, request, chat)
         except _ApiError as e:
-            metrics.count(status_of_http(e.status), body.request_class or "rt")
+            metrics.count(status_of_http(e.status), _class_label(request, body))
             raise
         cls = greq.request_class.value
         agen = backend.generate(greq)
