@@ -367,3 +367,14 @@ def test_hint_with_identical_requests_in_any_order_is_kept() -> None:
     )
     res = solve(jobs, limits, CM, CspOptions(**FAST), hint=hint)  # type: ignore[arg-type]
     assert res.stats["hinted"] is True and res.status == "optimal"
+
+
+def test_never_worse_than_the_warm_start_when_rounding_misranks() -> None:
+    # a coarse time unit rounds the cost model badly: the integer optimum, priced exactly,
+    # is worse than vllm's schedule; the warm start is then returned and flagged
+    jobs, limits = uniform_jobs(3, 300, 2), Limits(4096, 4096, 600, 8, 1)
+    res = solve(jobs, limits, CM, CspOptions(workers=1, time_limit_s=20, time_unit_s=3e-3))
+    assert res.evaluation is not None and res.stats["kept_warm_start"] is True
+    for b in res.baselines.values():
+        if b.evaluation is not None:
+            assert res.evaluation.total_latency <= b.evaluation.total_latency * (1 + 1e-12)
