@@ -52,6 +52,8 @@ def test_solve_export_and_replay(tmp_path: Path) -> None:
     assert rep["engine_latency"] == rep["latency"]
     assert rep["engine_preemptions"] == out["evictions"]
     assert rep["objective"] == out["objective"]
+    assert rep["objective_name"] == "latency"
+    assert abs(rep["objective_priced"] - rep["objective"]) < 1e-6 * rep["objective"]
 
 
 def test_options_change_the_answer() -> None:

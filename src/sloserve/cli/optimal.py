@@ -255,6 +255,9 @@ def _replay(path: Path, profile: str | None, cost_model: str | None, as_json: bo
     ev = evaluate(sched, jobs, cm, limits)
     run = replay(sched, jobs, cm, limits)
     objective = sched.meta.get("objective_value")
+    name = sched.meta.get("objective")
+    # the solver's objective (rounded integer costs) next to the same metric priced exactly
+    priced = ev.metric(name) if name in ("latency", "ttft", "tpot", "makespan") else None
     out = {
         "schedule": str(path),
         "num_batches": sched.num_batches,
@@ -264,7 +267,8 @@ def _replay(path: Path, profile: str | None, cost_model: str | None, as_json: bo
         "engine_preemptions": run.num_preemptions,
         "all_finished": run.all_finished,
         "objective": objective,
-        "objective_name": sched.meta.get("objective"),
+        "objective_name": name,
+        "objective_priced": priced,
         "replay_matches": bool(
             run.all_finished
             and abs(run.total_latency - ev.total_latency) <= _REL_TOL * ev.total_latency
@@ -275,6 +279,7 @@ def _replay(path: Path, profile: str | None, cost_model: str | None, as_json: bo
         return
     console.print(
         f"replayed {sched.num_batches} batches: engine total latency {run.total_latency:.6f} s, "
-        f"schedule priced {ev.total_latency:.6f} s, objective {objective}: "
-        f"{'matches' if out['replay_matches'] else 'DIFFERS'}"
+        f"schedule priced {ev.total_latency:.6f} s: "
+        f"{'matches' if out['replay_matches'] else 'DIFFERS'}; solver objective {name} "
+        f"{objective} (priced exactly: {priced})"
     )
