@@ -508,6 +508,11 @@ ERROR_CASES: list[tuple[str, list[str], list[str]]] = [
         ["fifo-magic", "vllm", "sarathi", "rank-output"],
     ),
     (
+        "huge-kv-capacity",
+        ["simulate", "--kv-capacity", "1000000000000", "--duration", "5"],
+        ["kv_capacity_tokens", "50000000", "1000000000000"],
+    ),
+    (
         "unknown-policy-in-compare",
         ["compare", "--policies", "vllm,fifo-magic", "--duration", "5"],
         ["fifo-magic", "valid:", "vllm"],

@@ -55,7 +55,14 @@ class InstanceConfig(BaseModel):
     kv_utilization: float = Field(
         default=0.9, gt=0, le=1, description="GPU memory fraction for vLLM"
     )
-    kv_capacity_tokens: int | None = Field(default=None, ge=1, description="M override, in tokens")
+    kv_capacity_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        # The paged manager keeps a free list of M / block_size entries; 50M tokens is
+        # ~50x the largest single-replica KV cache of any catalog pair and still fits memory.
+        le=50_000_000,
+        description="M override, in tokens (at most 50,000,000)",
+    )
     cpu_swap_gib: float = Field(default=4.0, ge=0, description="host memory for swapped KV")
     predictor: str = Field(default="oracle", description="output-length predictor for policies")
     cost_model: str | None = Field(
