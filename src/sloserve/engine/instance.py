@@ -297,6 +297,14 @@ class Instance:
     def _check_memory(self, out: SchedulerOutput, swapping: set[int]) -> None:
         """M and the CPU tier: everything the output allocates must fit, before any change."""
         kv = self.kv
+        if kv.exact_fit:
+            # Order-exact, CPU tier included (a block count would misjudge shared blocks,
+            # and BROS's CPU tier holds slots, not whole blocks).
+            err = kv.dry_run(self._kv_ops(out))
+            if err is not None:
+                limit = "CPU swap capacity" if "CPU" in err else "M (KV capacity)"
+                raise self._violation(limit, f"the batch does not fit: {err}")
+            return
         bs = self.limits.block_size
         freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
         to_cpu = sum(
@@ -308,11 +316,6 @@ class Instance:
                 "CPU swap capacity",
                 f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
             )
-        if kv.exact_fit:
-            err = kv.dry_run(self._kv_ops(out))
-            if err is not None:
-                raise self._violation("M (KV capacity)", f"the batch does not fit: {err}")
-            return
         decode_ids: list[int] = []
         need = 0
         scheduled_swaps: set[int] = set()
@@ -355,7 +358,9 @@ class Instance:
         return ops
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
-        if out.repeatable and not out.preempt and not out.swap_in:
+        # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
+        # moves KV itself (restores), which only a single step prices.
+        if out.repeatable and not out.preempt and not out.swap_in and not self.kv.exact_fit:
             run = self._repeat_steps(out, now)
             if run is not None:
                 return self._apply_repeated(out, now, run)

@@ -245,6 +245,11 @@ class BidirectionalKVManager(KVCacheManager):
     def can_swap_out(self, req_id: int) -> bool:
         return self.gpu_tokens(req_id) <= self._cpu_room()
 
+    @property
+    def cpu_free_slots(self) -> int:
+        """Slots left on the CPU tier (swap-outs and lazy checkpoints need them)."""
+        return self._cpu_room()
+
     def take_transfer_tokens(self) -> int:
         t, self._transfer = self._transfer, 0
         return t
@@ -351,8 +356,12 @@ class BidirectionalKVManager(KVCacheManager):
         if room >= k:
             return True
         if rt:
+            # Its last block's BE peer is overwritable only while no free block is left:
+            # with free blocks, :meth:`_grow` fills them first, and its last block is then
+            # a fresh RT-only one (the old peer's slots are out of reach).
             table = self._tables.get(rid)
-            overwritable = self._be_only_slots + (self.rcount[table[-1]] if table else 0)
+            last_peer = self.rcount[table[-1]] if table and not self._free else 0
+            overwritable = self._be_only_slots + last_peer
             empty = self._n_be_only() * bs - self._be_only_slots
             return room + empty + min(max(0, cpu), overwritable) >= k
         return room + self._rt_only_empty >= k
@@ -500,10 +509,12 @@ class BidirectionalKVManager(KVCacheManager):
     def swap_in(self, req_id: int) -> int | None:
         tokens = self._swapped[req_id]
         rt = self._is_rt.get(req_id, True)
+        # Its CPU copy leaves first: an RT request may checkpoint BE slots into that room.
+        self._cpu_add(-tokens)
         if not self._capacity(req_id, rt, tokens):
+            self._cpu_add(tokens)
             return None
         del self._swapped[req_id]
-        self._cpu_add(-tokens)
         self._grow(req_id, rt, tokens)
         self._tokens[req_id] = tokens
         return tokens
