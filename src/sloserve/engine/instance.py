@@ -184,6 +184,7 @@ class Instance:
             self.env.schedule(now, self._iterate, PRIO_ITERATION)
 
     def _done(self, req: Request) -> None:
+        self.kv.forget(req.req_id)
         self.done.append(req)
         if self.on_done is not None:
             self.on_done(req)

@@ -63,6 +63,10 @@ class KVCacheManager(ABC):
         """The instance tells the manager each arriving request's class (BROS's blocks
         place RT and BE requests on opposite sides); ignored by default."""
 
+    def forget(self, req_id: int) -> None:  # noqa: B027
+        """The request ended (its KV already freed): drop what :meth:`note_class` kept
+        about it; ignored by default."""
+
     def take_transfer_tokens(self) -> int:
         """KV tokens the manager itself moved between GPU and CPU since the last call
         (BROS's lazy checkpoints and restores), for the instance to price; 0 by default."""

@@ -33,7 +33,8 @@ Allocation (§5.2):
 Choices where the paper is silent:
 
 * A request's class (its side) comes from :meth:`note_class`, which the instance calls on
-  arrival; unknown requests are RT.
+  arrival, and is forgotten (:meth:`forget`) when it ends, so that copies stay small in
+  long runs; unknown requests are RT.
 * ``num_tokens`` is a request's whole KV (GPU slots plus checkpointed slots), so that the
   instance's token accounting is unchanged by lazy checkpoints; ``gpu_tokens`` is the
   GPU part.
@@ -193,6 +194,11 @@ class BidirectionalKVManager(KVCacheManager):
     # ------------------------------------------------------------------ queries
     def note_class(self, req_id: int, req_class: RequestClass) -> None:
         self._is_rt[req_id] = req_class is not RequestClass.BE
+
+    def forget(self, req_id: int) -> None:
+        # Only once it holds nothing: its class places any KV it still has.
+        if req_id not in self._tokens and req_id not in self._swapped:
+            self._is_rt.pop(req_id, None)
 
     @property
     def num_free_blocks(self) -> int:

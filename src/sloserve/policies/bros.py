@@ -51,7 +51,10 @@ Choices where the paper is silent (parameters of :class:`BROSConfig` where they 
 * Replacement (step 2) only evicts from the batch an RT request that can afford to skip
   this iteration (residual − estimated batch time > ``T_avg``; ``replace_guard``), since
   replacing the RT requests that are about to miss would defeat the RT loop; an RT
-  request it removes keeps its KV cache (it stays pending).
+  request it removes keeps its KV cache (it stays pending). An RT request for which
+  progressive dropping evicted requests is never replaced (whatever ``replace_guard``):
+  BE requests would take the room just made for it, and next iteration it would drop
+  them again (a livelock with ``replace_guard=False``).
 * An RT request for which FindPreemptBlock fails even with progressive dropping is
   skipped, not the end of the RT loop (Algorithm 1 breaks there): memory is not monotone
   over the ranking, and breaking can deadlock a replica whose most urgent request (say, a
@@ -487,6 +490,8 @@ class _Cand:
     n: int = 0
     need: int = 0
     swap_tokens: int = 0
+    dropped: bool = False
+    """Progressive dropping evicted requests to make room for it."""
 
 
 @dataclass
@@ -717,10 +722,11 @@ class BROSScheduler(Scheduler):
                 missed = True
                 break
             need = plan.need(r, n)
-            if not plan.fits(r, need) and not self._drop_for(
-                view, d, r, need, c.residual, rt_others
-            ):
-                continue  # FindPreemptBlock failed even with dropping: skip it (see above)
+            if not plan.fits(r, need):
+                before = len(plan.preempt)
+                if not self._drop_for(view, d, r, need, c.residual, rt_others):
+                    continue  # FindPreemptBlock failed even with dropping: skip it (see above)
+                c.dropped = len(plan.preempt) > before
             c.n, c.need, c.swap_tokens = n, need, swap
             d.add(c, d.rt_ready)
 
@@ -802,6 +808,8 @@ class BROSScheduler(Scheduler):
         if not d.rt_ready:
             return False
         victim = d.rt_ready[-1]
+        if victim.dropped:
+            return False  # requests were evicted for it: a BE request must not take that room
         if self.config.replace_guard and victim.residual - d.cost.time() <= d.t_avg:
             return False  # it cannot afford to skip this iteration
         d.remove(victim, d.rt_ready)  # undo its share, then see whether r fits instead

@@ -159,13 +159,7 @@ def make_rr(params: Mapping[str, Any]) -> Scheduler:
     p = {k: v for k, v in params.items() if k in fields}
     base = {k: v for k, v in params.items() if k in unified}
     if "preemption_mode" in base:
-        try:
-            base["preemption_mode"] = PreemptionMode(base["preemption_mode"])
-        except ValueError as e:
-            raise ConfigError(
-                f"policy 'rr': preemption_mode must be recompute or swap, "
-                f"got {base['preemption_mode']!r}"
-            ) from e
+        base["preemption_mode"] = PreemptionMode.parse(base["preemption_mode"], "rr")
     if "first" in p:
         try:
             p["first"] = RequestClass(p["first"])
