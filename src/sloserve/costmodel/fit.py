@@ -163,7 +163,6 @@ the paper's. BROS's ``Mcpu`` (checkpointed blocks) is a transfer, priced by ``sw
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +174,7 @@ import yaml
 from numpy.typing import NDArray
 from pydantic import ValidationError
 
+from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import ConfigError
 from sloserve.core.hardware import GPUSpec, ModelSpec
 from sloserve.costmodel.base import BatchStats
@@ -956,31 +956,7 @@ def read_profile_csv(path: str | Path) -> ProfileTable:
     Raises :class:`ConfigError` naming the file, line and column of the first problem.
     """
     p = Path(path)
-    try:
-        with warnings.catch_warnings():
-            # pandas only warns when a row has more fields than the header; that is an error.
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(
-                p,
-                dtype=str,
-                keep_default_na=False,
-                na_values=[""],
-                skipinitialspace=True,
-                skip_blank_lines=False,
-                index_col=False,
-            )
-    except pd.errors.ParserWarning:
-        raise ConfigError(f"{p}: a row has more fields than the header") from None
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: profile CSV not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{p}: is a directory, not a profile CSV") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: not a readable CSV ({str(e).splitlines()[0]})") from e
-    df.columns = [str(c).strip() for c in df.columns]
-    blank = df.isna().all(axis=1).to_numpy()
-    lines = np.flatnonzero(~blank).astype(np.int64) + 2
-    df = df[~blank].reset_index(drop=True)
+    df, lines = read_strict_csv(p, "profile CSV", ConfigError)
     if any(c.startswith("Unnamed:") for c in df.columns):
         raise ConfigError(f"{p}: line 1: a column has no name (or a row has too many fields)")
     return validate_profile_frame(df, source=str(p), lines=lines)

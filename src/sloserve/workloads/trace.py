@@ -8,7 +8,6 @@ An empty optional cell falls back to the workload's per-class rule. Any problem 
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import WorkloadError
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
@@ -62,30 +62,8 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, _line: _Lines) -> NDArray[n
 
 def read_trace(path: str | Path) -> TraceColumns:
     p = Path(path)
-    try:
-        with warnings.catch_warnings():
-            # pandas only warns when a row has more fields than the header; that is an error.
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(
-                p,
-                dtype=str,
-                keep_default_na=False,
-                na_values=[""],
-                skipinitialspace=True,
-                skip_blank_lines=False,
-                index_col=False,  # an extra field must not turn the first column into an index
-            )
-    except pd.errors.ParserWarning:
-        raise WorkloadError(f"{p}: a row has more fields than the header") from None
-    except FileNotFoundError:
-        raise WorkloadError(f"{p}: trace file not found") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{p}: not a readable CSV ({str(e).splitlines()[0]})") from e
-    df.columns = [c.strip() for c in df.columns]
-    # Blank lines are skipped, but still counted so that errors name the right line.
-    blank = df.isna().all(axis=1).to_numpy()
-    _line = _Lines(np.flatnonzero(~blank) + 2)
-    df = df[~blank].reset_index(drop=True)
+    df, lines = read_strict_csv(p, "trace file", WorkloadError)
+    _line = _Lines(lines)
     extra = [c for c in df.columns if c.startswith("Unnamed:")]
     if extra:
         raise WorkloadError(f"{p}: a row has more fields than the header, or a column has no name")
