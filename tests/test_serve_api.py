@@ -557,49 +557,40 @@ def test_a_backend_bug_mid_stream_still_ends_with_an_error_event() -> None:
         assert 'sloserve_requests_total{class="rt",status="cancelled"} 0.0' in text
 
 
+def _shut_down_while_streaming(srv: Any, max_tokens: int) -> tuple[list[str], float]:
+    """Stream one completion in a thread, shut the server down (what SIGTERM does) once
+    the request is in flight, and return its SSE data lines and the seconds the stream
+    took to end after the shutdown began."""
+    result: dict[str, list[str]] = {}
+    url = f"{srv.base_url}/completions"
+
+    def client() -> None:
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": max_tokens, "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=20) as r:
+            result["events"] = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+
+    t = threading.Thread(target=client)
+    t.start()
+    deadline = time.monotonic() + 5
+    while not any(s.in_flight for s in srv.backend.replicas()):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    srv.server.should_exit = True  # the context manager then joins the server
+    t.join(timeout=20)
+    return result["events"], time.monotonic() - t0
+
+
 def test_graceful_shutdown_drains_streams() -> None:
-    result: dict[str, Any] = {}
     with live_server(time_scale=1.0) as srv:
-        url = f"{srv.base_url}/completions"
-
-        def client() -> None:
-            body = {"model": MODEL, "prompt": "hi", "max_tokens": 60, "stream": True}
-            with httpx.stream("POST", url, json=body, timeout=20) as r:
-                result["events"] = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
-
-        t = threading.Thread(target=client)
-        t.start()
-        deadline = time.monotonic() + 5
-        while not any(s.in_flight for s in srv.backend.replicas()):
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        srv.server.should_exit = True  # what SIGTERM does; the context manager then joins
-        t.join(timeout=20)
-    events = result["events"]
+        events, _ = _shut_down_while_streaming(srv, 60)
     assert events[-1] == "data: [DONE]" and len(events) == 61  # every token, then [DONE]
 
 
 def test_shutdown_ends_undrained_streams_explicitly() -> None:
-    result: dict[str, Any] = {}
     with live_server(settings=GatewaySettings(drain_timeout_s=0.3), time_scale=1.0) as srv:
-        url = f"{srv.base_url}/completions"
-
-        def client() -> None:
-            body = {"model": MODEL, "prompt": "hi", "max_tokens": 3000, "stream": True}
-            with httpx.stream("POST", url, json=body, timeout=20) as r:
-                result["events"] = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
-
-        t = threading.Thread(target=client)
-        t.start()
-        deadline = time.monotonic() + 5
-        while not any(s.in_flight for s in srv.backend.replicas()):
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
-        t0 = time.monotonic()
-        srv.server.should_exit = True
-        t.join(timeout=20)
-        assert time.monotonic() - t0 < 3  # the drain timeout, not the 3000 tokens (30 s)
-    events = result["events"]
+        events, took = _shut_down_while_streaming(srv, 3000)
+        assert took < 3  # the drain timeout, not the 3000 tokens (30 s)
     assert events[-1] == "data: [DONE]"
     err = json.loads(events[-2][len("data: ") :])["error"]
     assert err["code"] == "shutdown" and "shutting down" in err["message"]
