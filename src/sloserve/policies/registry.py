@@ -27,6 +27,7 @@ def register(name: str, factory: PolicyFactory, summary: str) -> None:
 
 
 def policy_names() -> list[str]:
+    """The names :func:`make_policy` accepts, sorted (``sloserve policies`` lists them)."""
     return sorted(_REGISTRY)
 
 
