@@ -132,7 +132,7 @@ def test_be_order_by_checkpointed_blocks_and_their_restore_is_priced() -> None:
     from sloserve.costmodel.base import ConstantCostModel
     from sloserve.engine.interface import InstanceView, Limits
     from sloserve.engine.kv_bidirectional import BidirectionalKVManager
-    from sloserve.policies.bros import _transfer_in
+    from sloserve.policies.bros.cost import _transfer_in
 
     kv = BidirectionalKVManager(2, 4, cpu_blocks=4)
     a, b, c = (req(i, 0.001 * i, 4, 4, req_class=BE) for i in (1, 2, 3))

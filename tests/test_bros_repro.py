@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sloserve import cli
 from sloserve.cli import app
-from sloserve.experiments.bros_repro import (
+from sloserve.experiments.bros import (
     PAPER,
     Plan,
     Run,

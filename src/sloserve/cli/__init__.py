@@ -7,8 +7,8 @@ script, ``python -m sloserve.cli`` or ``typer.testing.CliRunner`` on ``app``).
 """
 
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
+    bros,
     optimal,
-    reproduce_bros,
     reproduce_infermax,
     serve,
 )

@@ -165,7 +165,7 @@ register("lqsf", _lqsf, "Least QoE Slack First (Andes §6.1 baseline)")
 
 
 def _rr(params: Mapping[str, Any]) -> Scheduler:
-    from sloserve.policies.rr import make_rr
+    from sloserve.policies.bros import make_rr
 
     return make_rr(params)
 

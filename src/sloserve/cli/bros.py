@@ -107,7 +107,7 @@ def reproduce_bros(
     overhead; plots, a table and the headline numbers beside the paper's."""
     from dataclasses import replace
 
-    from sloserve.experiments.bros_repro import (
+    from sloserve.experiments.bros import (
         GAPS,
         PAPER,
         Plan,
