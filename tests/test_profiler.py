@@ -18,13 +18,13 @@ from sloserve.core.errors import ConfigError
 from sloserve.core.hardware import ModelSpec
 from sloserve.costmodel import BatchStats, load_profile
 from sloserve.costmodel.fit import (
-    CSV_INPUT_COLUMNS,
     fit_profile_csv,
     fit_profile_frame,
     profile_from_csv,
     read_profile_csv,
     write_profile_yaml,
 )
+from sloserve.costmodel.fit.profile_csv import CSV_INPUT_COLUMNS
 from sloserve.costmodel.profiler import (
     IterationShape,
     LlamaModel,
