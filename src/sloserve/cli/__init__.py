@@ -7,9 +7,8 @@ script, ``python -m sloserve.cli`` or ``typer.testing.CliRunner`` on ``app``).
 """
 
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
-    optimal,
+    infermax,
     reproduce_bros,
-    reproduce_infermax,
     serve,
 )
 from sloserve.cli._app import app, console, err_console, main
