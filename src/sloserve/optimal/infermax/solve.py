@@ -86,7 +86,8 @@ def solve(
     *,
     hint: Schedule | None = None,
 ) -> CspResult:
-    """Solve the CSP for ``jobs`` under ``limits``; see the module docstrings of :mod:`.model` and this one.
+    """Solve the CSP for ``jobs`` under ``limits``; see this module's docstring and
+    :mod:`.model`'s.
 
     ``hint``: a schedule to seed the search with instead of running warm-start policies.
     """
