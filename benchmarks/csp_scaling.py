@@ -1,4 +1,4 @@
-"""How far the InferMax CSP (``sloserve.optimal.csp``) solves exactly: solve time and gap
+"""How far the InferMax CSP (``sloserve.optimal.infermax``) solves exactly: solve time and gap
 against the number of requests N and the number of batches J.
 
 Instances: N identical offline requests with input ``--input`` (16) and output O, KV
@@ -21,8 +21,7 @@ import json
 
 from sloserve.costmodel.profile import load_profile
 from sloserve.engine.interface import Limits
-from sloserve.optimal.csp import CspOptions, solve
-from sloserve.optimal.schedule import uniform_jobs
+from sloserve.optimal.infermax import CspOptions, solve, uniform_jobs
 
 
 def main() -> None:

@@ -16,15 +16,18 @@ from sloserve.core.errors import ConfigError, SchedulerViolation
 from sloserve.costmodel.base import ConstantCostModel
 from sloserve.costmodel.profile import load_profile
 from sloserve.engine.interface import Limits
-from sloserve.optimal.csp import CspOptions, SolverUnavailable, run_baseline, solve
-from sloserve.optimal.exhaustive import exhaustive_optimum
-from sloserve.optimal.schedule import (
+from sloserve.optimal.infermax import (
+    CspOptions,
     Job,
     Schedule,
     ScheduledBatch,
+    SolverUnavailable,
     evaluate,
+    exhaustive_optimum,
     read_schedule,
     replay,
+    run_baseline,
+    solve,
     uniform_jobs,
     write_schedule,
 )
@@ -265,8 +268,8 @@ def test_missing_solver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_simulating_never_imports_the_solver() -> None:
     code = (
-        "import sys, sloserve.cli, sloserve.optimal, sloserve.optimal.csp, "
-        "sloserve.experiments.infermax_csp\n"
+        "import sys, sloserve.cli, sloserve.optimal, sloserve.optimal.infermax, "
+        "sloserve.experiments.infermax.csp\n"
         "from sloserve.experiments.runner import SimConfig, simulate\n"
         "simulate(SimConfig.model_validate({'workload': {'num_requests': 3}, "
         "'instance': {'cost_model': 'constant:0.01'}}))\n"
@@ -279,7 +282,7 @@ def test_section45_finding() -> None:
     """Llama-2-7B/A100, O = B = 4, M = max(2I, I+O-1): for short inputs the optimum evicts
     and beats the best eviction-free schedule (proven globally optimal); for long ones the best
     schedule found does not evict (the solver's bound is too weak to prove it there)."""
-    from sloserve.experiments.infermax_csp import csp_eviction_sweep
+    from sloserve.experiments.infermax.csp import csp_eviction_sweep
 
     # one worker and a deterministic limit: the same answer under any machine load
     df = csp_eviction_sweep(

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from sloserve import cli
 from sloserve.cli import app
 from sloserve.core.errors import ConfigError, UnknownNameError
-from sloserve.experiments.infermax_repro import (
+from sloserve.experiments.infermax import (
     ANALYSES,
     PAIR_MIXES,
     Plan,

@@ -8,8 +8,7 @@ script, ``python -m sloserve.cli`` or ``typer.testing.CliRunner`` on ``app``).
 
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
     bros,
-    optimal,
-    reproduce_infermax,
+    infermax,
     serve,
 )
 from sloserve.cli._app import app, console, err_console, main

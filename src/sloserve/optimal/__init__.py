@@ -1,5 +1,6 @@
-"""Exact and reference solvers: Andes' knapsack DP (and, from other modules, InferMax's
-CSP, Aladdin's MIP, QLM's plan). Heavy solver dependencies load lazily in their modules."""
+"""Exact and reference solvers: Andes' knapsack DP, InferMax's CSP and schedules
+(:mod:`sloserve.optimal.infermax`; and later Aladdin's MIP, QLM's plan). Heavy solver
+dependencies load lazily in their modules."""
 
 from sloserve.optimal.knapsack import (
     KnapsackSolution,

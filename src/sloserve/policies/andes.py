@@ -124,7 +124,7 @@ from sloserve.engine.interface import (
 )
 from sloserve.engine.kv import KVCacheManager
 from sloserve.optimal.knapsack import dp_pack, greedy_order, greedy_pack, quantize_weights
-from sloserve.policies.unified import UnifiedConfig, UnifiedScheduler
+from sloserve.policies.infermax.unified import UnifiedConfig, UnifiedScheduler
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

@@ -1,18 +1,19 @@
 """The policy registry: names -> factories. Unknown names fail with the list of valid ones.
 
 Extension point: :func:`register` a factory ``(params: dict) -> Scheduler`` under a new
-name; registering a name twice is an error.
+name; registering a name twice is an error. InferMax's unified-scheduler presets (vllm,
+sarathi, edf, rank-*, …) come from :mod:`sloserve.policies.infermax.presets`; the other
+papers' policies register lazy factories below (their modules load on first use).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from sloserve.core.errors import ConfigError, UnknownNameError
-from sloserve.engine.interface import PreemptionMode, Scheduler
-from sloserve.policies.unified import UnifiedConfig, UnifiedScheduler
+from sloserve.engine.interface import Scheduler
+from sloserve.policies.infermax.presets import PRESETS
 
 PolicyFactory = Callable[[Mapping[str, Any]], Scheduler]
 
@@ -43,109 +44,8 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Scheduler
     return entry[0](dict(params or {}))
 
 
-def _unified(name: str, base: UnifiedConfig) -> PolicyFactory:
-    fields = {f.name for f in dataclasses.fields(UnifiedConfig)}
-
-    def factory(params: Mapping[str, Any]) -> Scheduler:
-        unknown = sorted(set(params) - fields)
-        if unknown:
-            raise ConfigError(
-                f"policy {name!r}: unknown parameter(s) {', '.join(unknown)}; "
-                f"valid: {', '.join(sorted(fields))}"
-            )
-        p = dict(params)
-        if "preemption_mode" in p:
-            p["preemption_mode"] = PreemptionMode.parse(p["preemption_mode"], name)
-        try:
-            cfg = dataclasses.replace(base, **p)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"policy {name!r}: {e}") from e
-        return UnifiedScheduler(name, cfg)
-
-    return factory
-
-
-# InferMax Table 1, P column: vLLM-style presets use P = C (None).
-_PRESETS: dict[str, tuple[UnifiedConfig, str]] = {
-    "vllm": (
-        UnifiedConfig("prefill-first", hybrid=False, chunked_prefill=False),
-        "vLLM: prefill priority, no hybrid, no chunking",
-    ),
-    "sarathi": (
-        UnifiedConfig("decode-first", hybrid=True, chunked_prefill=True, prefill_tokens=512),
-        "Sarathi-Serve: decode priority, hybrid batches, chunked prefill P=512",
-    ),
-    "sarathi-p=c": (
-        UnifiedConfig("decode-first", hybrid=True, chunked_prefill=True),
-        "Sarathi with P = C",
-    ),
-    "sarathi-nocp": (
-        UnifiedConfig("decode-first", hybrid=True, chunked_prefill=False),
-        "Sarathi without chunked prefill",
-    ),
-    "vllm-hy": (
-        UnifiedConfig("prefill-first", hybrid=True, chunked_prefill=False),
-        "vLLM with hybrid batching",
-    ),
-    "sarathi-nohy": (
-        UnifiedConfig("decode-first", hybrid=False, chunked_prefill=False),
-        "Sarathi without hybrid batching or chunking",
-    ),
-}
-
-for _name, (_cfg, _summary) in _PRESETS.items():
-    register(_name, _unified(_name, _cfg), _summary)
-    register(
-        f"{_name}-ef",
-        _unified(f"{_name}-ef", dataclasses.replace(_cfg, eviction_free=True, evict=False)),
-        f"{_summary}; eviction-free (reserves I+O-1 per request)",
-    )
-
-register(
-    "edf",
-    _unified(
-        "edf",
-        UnifiedConfig(
-            "single",
-            hybrid=True,
-            chunked_prefill=True,
-            prefill_tokens=512,
-            order="edf",
-            evict_for_waiting=True,
-        ),
-    ),
-    "earliest deadline first over all requests (Sarathi batching, preemptive)",
-)
-register(
-    "rank-input",
-    _unified(
-        "rank-input",
-        UnifiedConfig(
-            "single",
-            hybrid=True,
-            chunked_prefill=True,
-            prefill_tokens=512,
-            order="input",
-            evict_for_waiting=True,
-        ),
-    ),
-    "InferMax A.3: shortest input first (Sarathi batching, preemptive)",
-)
-register(
-    "rank-output",
-    _unified(
-        "rank-output",
-        UnifiedConfig(
-            "single",
-            hybrid=True,
-            chunked_prefill=True,
-            prefill_tokens=512,
-            order="output",
-            evict_for_waiting=True,
-        ),
-    ),
-    "InferMax A.3: shortest predicted output first (Sarathi batching, preemptive)",
-)
+for _name, _factory, _summary in PRESETS:
+    register(_name, _factory, _summary)
 
 
 def _andes(params: Mapping[str, Any]) -> Scheduler:

@@ -10,8 +10,8 @@ Our reading (choices the paper leaves open, all parameters of :class:`RRConfig`)
 
 * **Turns.** Iterations alternate between the RT and the BE class. In its turn a class is
   scheduled exactly as vLLM schedules (``base``: a preset of
-  :class:`~sloserve.policies.unified.UnifiedScheduler`, ``vllm`` by default) on a view that
-  holds only that class's requests; the other class's requests keep their KV cache but do
+  :class:`~sloserve.policies.infermax.unified.UnifiedScheduler`, ``vllm`` by default) on a
+  view that holds only that class's requests; the other class's requests keep their KV cache but do
   not run. When the class whose turn it is has nothing to run, the other class runs in its
   place (work conserving) and the turn still passes; when neither can run on its own
   (one class's request cannot grow while the other holds the memory), one vLLM decision
@@ -39,7 +39,7 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.policies.unified import UnifiedConfig, UnifiedScheduler
+from sloserve.policies.infermax.unified import UnifiedConfig, UnifiedScheduler
 
 _RT, _BE = RequestClass.RT, RequestClass.BE
 
@@ -146,7 +146,7 @@ class RoundRobinScheduler(Scheduler):
 
 def make_rr(params: Mapping[str, Any]) -> Scheduler:
     """The registry factory: ``params`` override :class:`RRConfig` fields, and fields of
-    :class:`~sloserve.policies.unified.UnifiedConfig` (``watermark``, ``order``,
+    :class:`~sloserve.policies.infermax.unified.UnifiedConfig` (``watermark``, ``order``,
     ``preemption_mode``, ...) override the per-class ``base`` preset."""
     fields = {f.name for f in dataclasses.fields(RRConfig)}
     unified = {f.name for f in dataclasses.fields(UnifiedConfig)}

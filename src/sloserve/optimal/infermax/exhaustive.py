@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from sloserve.core.errors import ConfigError
 from sloserve.costmodel.base import BatchStats, CostModel
 from sloserve.engine.interface import Limits
-from sloserve.optimal.schedule import Job, Schedule, ScheduledBatch
+from sloserve.optimal.infermax.schedule import Job, Schedule, ScheduledBatch
 
 # per request: (computed KV tokens, tokens generated); finished = generated == O
 _State = tuple[tuple[int, int], ...]

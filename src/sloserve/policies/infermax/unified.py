@@ -1,4 +1,5 @@
-"""InferMax's unified scheduler (Algorithm 1): one GetNextBatch, many schedulers.
+"""InferMax's unified scheduler (Algorithm 1, §3.1 of ``papers/infermax.txt``): one
+GetNextBatch, many schedulers (the named presets are in :mod:`.presets`).
 
 Steps, as in the paper:
 

@@ -1,10 +1,15 @@
-"""CLI commands: optimal (registered on import by ``sloserve.cli``).
+"""InferMax's CLI commands (``papers/infermax.txt``): ``sloserve optimal`` and ``sloserve
+reproduce infermax`` (registered on import by ``sloserve.cli``).
 
-``sloserve optimal`` solves InferMax's CSP (``sloserve.optimal.csp``) for a small instance —
-``--requests N --input I --output O`` or a slice of a workload/trace (the shared workload
-flags; cap it with ``--num-requests``) — replays the solution through the engine to verify
-it, and prints the result (``--json`` for the machine-readable summary). ``--replay FILE``
-instead verifies a schedule exported with ``--schedule-out``. OR-Tools loads only here.
+``sloserve optimal`` solves InferMax's CSP (§3.3, ``sloserve.optimal.infermax``) for a small
+instance — ``--requests N --input I --output O`` or a slice of a workload/trace (the shared
+workload flags; cap it with ``--num-requests``) — replays the solution through the engine to
+verify it, and prints the result (``--json`` for the machine-readable summary). ``--replay
+FILE`` instead verifies a schedule exported with ``--schedule-out``. OR-Tools loads only
+here.
+
+``sloserve reproduce infermax`` runs InferMax §4 and A.3 in simulation
+(``sloserve.experiments.infermax``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
 
 from sloserve.cli._app import (
     _WORKLOAD_FLAGS,
@@ -23,6 +37,7 @@ from sloserve.cli._app import (
     _with_flags,
     app,
     console,
+    reproduce_app,
 )
 from sloserve.core.errors import ConfigError
 
@@ -127,8 +142,14 @@ def optimal(
         _replay(replay_file, flags.get("profile"), cost_model, as_json)
         return
     from sloserve.engine.interface import Limits
-    from sloserve.optimal.csp import CspOptions, solve
-    from sloserve.optimal.schedule import jobs_from_requests, replay, uniform_jobs, write_schedule
+    from sloserve.optimal.infermax import (
+        CspOptions,
+        jobs_from_requests,
+        replay,
+        solve,
+        uniform_jobs,
+        write_schedule,
+    )
 
     given = [requests, input_tokens, output_tokens]
     workload_flags = {k: v for k, v in flags.items() if k in _WORKLOAD_FLAGS and v is not None}
@@ -245,7 +266,7 @@ def _print(out: dict[str, Any], result: Any) -> None:
 
 
 def _replay(path: Path, profile: str | None, cost_model: str | None, as_json: bool) -> None:
-    from sloserve.optimal.schedule import evaluate, read_schedule, replay
+    from sloserve.optimal.infermax import evaluate, read_schedule, replay
 
     sched, jobs, limits, file_profile = read_schedule(path)
     prof = profile or file_profile
@@ -282,4 +303,84 @@ def _replay(path: Path, profile: str | None, cost_model: str | None, as_json: bo
         f"schedule priced {ev.total_latency:.6f} s: "
         f"{'matches' if out['replay_matches'] else 'DIFFERS'}; solver objective {name} "
         f"{objective} (priced exactly: {priced})"
+    )
+
+
+@reproduce_app.command("infermax")
+def reproduce_infermax(
+    out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("runs/infermax"),
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Reduced grids (under 2 minutes on 2 cores).")
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            "--only",
+            help="Comma-separated analyses: contention, eviction, memory, csp, rmax, ranking "
+            "(default: all).",
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers", min=1, help="Parallel processes, and CP-SAT workers (default: cores)."
+        ),
+    ] = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help="Replica profile (the paper: Llama-2-7B on A100).")
+    ] = "llama-2-7b-a100",
+    csp: Annotated[
+        bool,
+        typer.Option("--csp/--no-csp", help="Solve the §4.5 CSP (else only its presets run)."),
+    ] = True,
+    csp_time_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--csp-time-limit", help="Seconds per CSP solve, two per I (quick 2, full 10)."
+        ),
+    ] = None,
+) -> None:
+    """InferMax §4 and A.3: high contention, eviction-free vs evicting, M sweep, the §4.5
+    CSP experiment, R_max sweep and ranking by I vs O; data, plots and a table of our
+    numbers beside the paper's findings."""
+    from dataclasses import replace
+
+    from sloserve.experiments.infermax import ANALYSES, Plan, reproduce
+
+    analyses = tuple(a.strip() for a in only.split(",") if a.strip()) if only else ANALYSES
+    base = Plan.quick if quick else Plan.full
+    plan = base(seed, analyses)
+    changes: dict[str, object] = {"profile": profile, "csp_solver": csp}
+    if csp_time_limit is not None:
+        if csp_time_limit <= 0:
+            raise ConfigError(f"--csp-time-limit must be > 0, got {csp_time_limit}")
+        changes["csp_time_limit_s"] = csp_time_limit
+    plan = replace(plan, **changes)  # type: ignore[arg-type]
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        rep = reproduce(plan, out, workers=workers, progress=progress)
+    t = Table("§", "finding", "paper", "ours", title="InferMax: the paper's findings and ours")
+    for r in rep.findings.itertuples(index=False):
+        t.add_row(str(r.section), str(r.finding), str(r.paper), str(r.ours))
+    console.print(t)
+    if rep.headline.get("csp_note"):
+        console.print(f"note: {rep.headline['csp_note']}", highlight=False)
+    console.print(
+        f"{len(rep.results)} runs; results.parquet, headline.json, findings.md and plots "
+        f"written to {out}",
+        highlight=False,
     )

@@ -1,4 +1,5 @@
-"""InferMax §4.5, "Are evictions always evil?": the CSP with and without evictions.
+"""InferMax §4.5 (``papers/infermax.txt``), "Are evictions always evil?": the CSP with and
+without evictions.
 
 For each input length I: ``num_requests`` identical offline requests (input I, output
 ``output``), KV capacity ``M = max(2I, I + O - 1)`` tokens (two prompts fit at once, only one
@@ -30,15 +31,19 @@ from sloserve.core.errors import ConfigError
 from sloserve.costmodel.base import CostModel
 from sloserve.costmodel.profile import load_profile
 from sloserve.engine.interface import Limits
-from sloserve.optimal.csp import (
+from sloserve.optimal.infermax import (
     Baseline,
     CspOptions,
     CspResult,
+    Job,
+    Schedule,
     batches_needed,
+    evaluate,
+    record_policy,
     run_baseline,
     solve,
+    uniform_jobs,
 )
-from sloserve.optimal.schedule import Job, Schedule, evaluate, record_policy, uniform_jobs
 
 TABLE1_PRESETS = ("vllm", "sarathi", "sarathi-p=c", "sarathi-nocp", "vllm-hy", "sarathi-nohy")
 """InferMax Table 1; each also runs as its eviction-free variant (``-ef``)."""
