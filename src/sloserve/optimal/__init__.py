@@ -1,7 +1,7 @@
 """Exact and reference solvers: Andes' knapsack DP (and, from other modules, InferMax's
 CSP, Aladdin's MIP, QLM's plan). Heavy solver dependencies load lazily in their modules."""
 
-from sloserve.optimal.knapsack import (
+from sloserve.optimal.andes import (
     KnapsackSolution,
     brute_force_pack,
     dp_pack,
