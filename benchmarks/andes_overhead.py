@@ -39,8 +39,7 @@ from sloserve.costmodel.profile import load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import InstanceView, Limits, Scheduler, SchedulerOutput
-from sloserve.policies.andes import AndesConfig, AndesScheduler
-from sloserve.policies.lqsf import LQSFConfig, LQSFScheduler
+from sloserve.policies.andes import AndesConfig, AndesScheduler, LQSFConfig, LQSFScheduler
 from sloserve.policies.registry import make_policy
 
 

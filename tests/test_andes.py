@@ -17,13 +17,15 @@ from sloserve.metrics.summary import token_times
 from sloserve.policies.andes import (
     AndesConfig,
     AndesScheduler,
+    LQSFConfig,
+    LQSFScheduler,
     MaxMinQoE,
     ObjectiveContext,
     PerfectQoECount,
     make_andes,
+    make_lqsf,
     predict_qoe,
 )
-from sloserve.policies.lqsf import LQSFConfig, LQSFScheduler, make_lqsf
 
 
 def qoe_of(inst: Any, r: Request) -> float:

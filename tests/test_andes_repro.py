@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sloserve.cli import app
-from sloserve.experiments.andes_repro import Plan, Scenario, _max_sustained, plan_runs
+from sloserve.experiments.andes.plan import Plan, Scenario, plan_runs
+from sloserve.experiments.andes.reproduce import _max_sustained
 
 
 def _burstgpt(path: Path, n: int = 300) -> Path:

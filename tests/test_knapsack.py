@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from sloserve.optimal.knapsack import (
+from sloserve.policies.andes.knapsack import (
     brute_force_pack,
     dp_pack,
     greedy_pack,

@@ -7,6 +7,7 @@ script, ``python -m sloserve.cli`` or ``typer.testing.CliRunner`` on ``app``).
 """
 
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
+    andes,
     bros,
     infermax,
     serve,

@@ -826,54 +826,6 @@ reproduce_app = typer.Typer(
 app.add_typer(reproduce_app, name="reproduce")
 
 
-@reproduce_app.command("andes")
-def reproduce_andes(
-    out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("runs/andes"),
-    quick: Annotated[
-        bool, typer.Option("--quick", help="Reduced grid on one profile (under 2 minutes).")
-    ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Workload seed.")] = 0,
-    workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
-    ] = None,
-    burstgpt: Annotated[
-        Path | None,
-        typer.Option("--burstgpt", help="Also replay this BurstGPT CSV (§6.2) for every policy."),
-    ] = None,
-) -> None:
-    """Andes §6.3–6.4: cyclic bursts (intensity, duration), Poisson load, and the refiner,
-    solver and Δt ablations; plots, a table and the headline numbers beside the paper's."""
-    from sloserve.experiments.andes_repro import PAPER, Plan, reproduce, summary_table
-
-    plan = Plan.quick(seed) if quick else Plan.full(seed)
-    with console.status("simulating…") as status:
-
-        def progress(done: int, total: int) -> None:
-            status.update(f"simulating… {done}/{total} runs")
-
-        rep = reproduce(
-            plan,
-            out,
-            workers=workers,
-            progress=progress,
-            burstgpt=str(burstgpt) if burstgpt is not None else None,
-        )
-    table = summary_table(rep.results)
-    console.print(table.to_string(), highlight=False)
-    console.print(f"capacity (requests/s without bursts): {rep.capacity}")
-    t = Table("headline", "ours", "paper")
-    for key, paper in PAPER.items():
-        vals = [
-            sc.get(key)
-            for sc in rep.headline["scenarios"].values()
-            if isinstance(sc.get(key), float)
-        ]
-        ours = f"{max(vals):.2f}" if vals else "-"
-        t.add_row(key, ours, f"{paper:g}")
-    console.print(t)
-    console.print(f"results, plots and headline.json written to {out}")
-
-
 @app.command("policies")
 def list_policies() -> None:
     """List the scheduling policies."""

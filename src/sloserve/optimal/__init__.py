@@ -1,13 +1,4 @@
-"""Exact and reference solvers: Andes' knapsack DP, InferMax's CSP and schedules
-(:mod:`sloserve.optimal.infermax`; and later Aladdin's MIP, QLM's plan). Heavy solver
-dependencies load lazily in their modules."""
-
-from sloserve.optimal.knapsack import (
-    KnapsackSolution,
-    brute_force_pack,
-    dp_pack,
-    greedy_pack,
-    quantize_weights,
-)
-
-__all__ = ["KnapsackSolution", "brute_force_pack", "dp_pack", "greedy_pack", "quantize_weights"]
+"""Exact and reference solvers: InferMax's CSP and schedules (:mod:`sloserve.optimal.infermax`;
+later Aladdin's MIP and QLM's plan). Andes' knapsack solvers are the Andes policy's own
+decision procedure and live with it (:mod:`sloserve.policies.andes.knapsack`). Heavy solver
+dependencies (OR-Tools) load lazily in their modules."""

@@ -55,7 +55,7 @@ def _andes(params: Mapping[str, Any]) -> Scheduler:
 
 
 def _lqsf(params: Mapping[str, Any]) -> Scheduler:
-    from sloserve.policies.lqsf import make_lqsf
+    from sloserve.policies.andes import make_lqsf
 
     return make_lqsf(params)
 

@@ -1,4 +1,7 @@
-"""Andes' knapsack (Andes §4.1, Equation 5) and its solvers.
+"""Andes' knapsack (Andes §4.1, Equation 5; Algorithms 1 and 2, appendix C) and its solvers.
+Paper: ``/work/shared/papers/andes.txt``; the policy that uses them:
+:mod:`sloserve.policies.andes.scheduler`. They live with the policy (not in ``optimal/``)
+because the policy calls them every decision, and policies sit below ``optimal/``.
 
 Each live request ``i`` is an item with a *gain* ``q[i]`` (its QoE gain if served for the
 next Δt at batch size B) and a *weight* ``w[i]`` (the KV it occupies, in blocks). Choose at

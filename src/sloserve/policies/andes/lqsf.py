@@ -6,10 +6,10 @@ resource usage of requests". Our reading:
 
 * **Slack.** A request's risk is its Andes QoE gain over the next Δt at the largest
   feasible batch size, ``Q_serve − Q_wait`` (the QoE it loses if it is not served now;
-  :func:`sloserve.policies.andes.predict_qoe`). Requests with more than Δt of buffered
-  tokens all have gain 0, so ties are broken by the *time slack*: how long until the user
-  runs out of delivered tokens (``A_n + 1/s − now``, or ``T_1 − now`` before the first
-  token), least first; then arrival. Least slack = highest gain, then earliest stall.
+  :func:`sloserve.policies.andes.qoe_predict.predict_qoe`). Requests with more than Δt of
+  buffered tokens all have gain 0, so ties are broken by the *time slack*: how long until
+  the user runs out of delivered tokens (``A_n + 1/s − now``, or ``T_1 − now`` before the
+  first token), least first; then arrival. Least slack = highest gain, then earliest stall.
 * **Scheduling** (``preempt_for_waiting=False``, the default): running requests keep
   running; waiting and swapped requests are admitted in LQSF order while their KV blocks
   and R_max allow, stopping at the first that does not fit (vLLM's head-of-line admission
@@ -24,7 +24,7 @@ resource usage of requests". Our reading:
   the replica is under pressure.
 * Execution (cheaper of swap and recompute per victim; vLLM's prefill-only iterations
   without hybrid batching) is shared with Andes
-  (:class:`~sloserve.policies.andes.QoEScheduler`).
+  (:class:`~sloserve.policies.andes.qoe_scheduler.QoEScheduler`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 
 from sloserve.engine.interface import InstanceView, Scheduler, SchedulerOutput
-from sloserve.policies.andes import Estimate, ModeName, QoEScheduler, config_from_params
+from sloserve.policies.andes.config import ModeName, config_from_params
+from sloserve.policies.andes.estimate import Estimate
+from sloserve.policies.andes.qoe_scheduler import QoEScheduler
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,194 @@
+"""What ``sloserve reproduce andes`` runs (Andes §6.2–§6.4): the grid of simulations.
+
+Experiments, each a grid of runs (one policy on one replica over one workload):
+
+* ``intensity`` (Figure 15) and ``duration`` (Figure 16): one cycle of Andes' cyclic burst
+  load (a burst of ``intensity`` × the mean rate for ``duration`` of the cycle, then a calm
+  phase, Poisson within phases), the mean rate set to the replica's throughput without
+  bursts, as §6.3 says. Intensity is "the ratio of request rate from burst to the entire
+  trace", so it must stay below 1 / duration.
+* ``poisson`` (Figure 20): Poisson arrivals at increasing multiples of that throughput.
+* ``refiner`` (Figure 17), ``solver`` (Figure 18, greedy vs DP) and ``delta_t``
+  (Figure 19): Andes ablations under the default burst.
+
+The replica's throughput without bursts is measured, not assumed: the request rate vLLM
+completes when the whole workload's requests are queued at once (a saturated replica).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sloserve.experiments.runner import InstanceConfig, SimConfig
+from sloserve.workloads import WorkloadSpec
+
+POLICIES = ("vllm", "sarathi", "lqsf", "andes")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A replica profile and a length distribution (Andes Table 2 or another mix)."""
+
+    profile: str
+    mix: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The grid of one reproduction run."""
+
+    scenarios: tuple[Scenario, ...]
+    cycle_s: float
+    intensities: tuple[float, ...]
+    durations: tuple[float, ...]
+    poisson_loads: tuple[float, ...]
+    delta_ts: tuple[float, ...]
+    ablations: bool
+    seed: int = 0
+    max_running: int = 256
+    # DP is O(N·B·units): its ablation uses fewer memory units to stay affordable
+    dp_units: int = 64
+
+    @staticmethod
+    def quick(seed: int = 0) -> Plan:
+        return Plan(
+            scenarios=(Scenario("llama-2-7b-a100", "andes-sharegpt"),),
+            cycle_s=90.0,
+            intensities=(1.5, 2.0, 2.5),
+            durations=(0.35,),
+            poisson_loads=(1.2,),
+            delta_ts=(),
+            ablations=True,
+            seed=seed,
+        )
+
+    @staticmethod
+    def full(seed: int = 0) -> Plan:
+        return Plan(
+            scenarios=(
+                Scenario("llama-2-7b-a100", "andes-sharegpt"),
+                Scenario("llama-2-7b-a100", "lmsys"),
+                Scenario("llama-2-70b-a100x2", "andes-sharegpt"),
+                Scenario("llama-2-70b-a100x2", "lmsys"),
+            ),
+            cycle_s=600.0,
+            intensities=(1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75),
+            durations=(0.1, 0.2, 0.35, 0.45),
+            poisson_loads=(0.6, 0.8, 1.0, 1.2, 1.4, 1.6),
+            delta_ts=(0.5, 1.0, 2.0, 5.0),
+            ablations=True,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One simulation of the grid."""
+
+    experiment: str
+    scenario: Scenario
+    policy: str
+    params: tuple[tuple[str, Any], ...]
+    arrival: dict[str, Any]
+    x: float
+    label: str
+    seed: int
+    max_running: int
+    duration_s: float
+    trace: str | None = None
+
+    def config(self) -> SimConfig:
+        spec: dict[str, Any]
+        if self.trace is not None:
+            # a real BurstGPT log: its own arrivals and lengths, replayed x times faster
+            spec = {
+                "trace": self.trace,
+                "trace_format": "burstgpt",
+                "replay": {"speedup": self.x, "max_context": 4096},
+                "duration_s": self.duration_s,
+                "seed": self.seed,
+            }
+        else:
+            spec = {
+                "mix": self.scenario.mix,
+                "arrival": self.arrival,
+                "duration_s": self.duration_s,
+                "seed": self.seed,
+            }
+        return SimConfig(
+            workload=WorkloadSpec.model_validate(spec),
+            instance=InstanceConfig(profile=self.scenario.profile, max_running=self.max_running),
+            policy=self.policy,
+            policy_params=dict(self.params),
+        )
+
+
+def plan_runs(plan: Plan, capacity: dict[Scenario, float]) -> list[Run]:
+    runs: list[Run] = []
+
+    def add(
+        exp: str,
+        sc: Scenario,
+        policy: str,
+        params: dict[str, Any],
+        arrival: dict[str, Any],
+        x: float,
+        label: str,
+    ) -> None:
+        runs.append(
+            Run(exp, sc, policy, tuple(sorted(params.items())), arrival, x, label, plan.seed,
+                plan.max_running, plan.cycle_s)
+        )  # fmt: skip
+
+    for sc in plan.scenarios:
+        cap = capacity[sc]
+
+        def burst(intensity: float, duration: float, cap: float = cap) -> dict[str, Any]:
+            return {
+                "kind": "bursty",
+                "rate": cap,
+                "intensity": intensity,
+                "burst_fraction": duration,
+                "period_s": plan.cycle_s,
+            }
+
+        for pol in POLICIES:
+            for i in plan.intensities:
+                add("intensity", sc, pol, {}, burst(i, 0.35), i, pol)
+            for d in plan.durations:
+                add("duration", sc, pol, {}, burst(2.0, d), d, pol)
+            for load in plan.poisson_loads:
+                add("poisson", sc, pol, {}, {"kind": "poisson", "rate": cap * load}, load, pol)
+        if plan.ablations:
+            for d in plan.durations or (0.35,):
+                add("refiner", sc, "andes", {"refiner": True}, burst(2.0, d), d, "refiner on")
+                add("refiner", sc, "andes", {"refiner": False}, burst(2.0, d), d, "refiner off")
+            for i in plan.intensities[:2]:
+                add("solver", sc, "andes", {"solver": "greedy"}, burst(i, 0.35), i, "greedy")
+                add(
+                    "solver",
+                    sc,
+                    "andes",
+                    {"solver": "dp", "dp_memory_units": plan.dp_units},
+                    burst(i, 0.35),
+                    i,
+                    "dp",
+                )
+            for dt in plan.delta_ts:
+                add("delta_t", sc, "andes", {"delta_t": dt}, burst(2.0, 0.35), dt, f"Δt={dt:g}s")
+    return runs
+
+
+def burstgpt_runs(
+    plan: Plan, path: str, speedups: tuple[float, ...] = (1.0, 2.0, 4.0)
+) -> list[Run]:
+    """Replay a BurstGPT CSV (§6.2's real-trace experiment) on the plan's first profile,
+    for every policy, at a few speed-ups (one cycle's worth of time each)."""
+    sc = Scenario(plan.scenarios[0].profile, "burstgpt")
+    return [
+        Run("burstgpt", sc, pol, (), {"kind": "trace"}, k, pol, plan.seed, plan.max_running,
+            plan.cycle_s, trace=path)
+        for pol in POLICIES
+        for k in speedups
+    ]  # fmt: skip
