@@ -81,7 +81,7 @@ def _ewma(old: float | None, new: float) -> float:
 
 
 class GatewayQueue:
-    """Estimates, admission and slot assignment of :class:`OpenAIUpstreamBackend` (a base
+    """Estimates, admission and slot assignment of the ``openai`` backend (a base
     class of it, not used alone: the backend's ``__init__`` sets the attributes below)."""
 
     config: UpstreamConfig
