@@ -172,7 +172,8 @@ def _serve_process(cfg_json: str, sock: socket.socket, out: str, ready: Any) -> 
     """The gateway in a child process; at shutdown it dumps the engine's emit times."""
     import uvicorn
 
-    from sloserve.serve.api import create_app, server_options
+    from sloserve.serve.api import create_app
+    from sloserve.serve.server import server_options
 
     be = EmulatedBackend(EmulatedConfig.model_validate_json(cfg_json))
     be.log = []

@@ -16,9 +16,10 @@ import uvicorn
 
 from sloserve.core.request import Request
 from sloserve.experiments.runner import InstanceConfig
-from sloserve.serve.api import GatewayServer, GatewaySettings, create_app, server_options
+from sloserve.serve.api import GatewaySettings, create_app
 from sloserve.serve.backend import Backend
 from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
+from sloserve.serve.server import GatewayServer, server_options
 
 MODEL = "llama-2-7b"
 

@@ -6,7 +6,7 @@ import pytest
 
 from sloserve.experiments.runner import SimConfig, simulate
 from sloserve.metrics.qoe import consumption_times
-from sloserve.pacer import TokenPacer, openai_chunk_tokens, pace
+from sloserve.serve.pacer import TokenPacer, openai_chunk_tokens, pace
 from sloserve.workloads import WorkloadSpec
 
 

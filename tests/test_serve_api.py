@@ -904,7 +904,7 @@ def test_cli_openai_bad_options(args: list[str], message: str) -> None:
 
 @pytest.mark.parametrize(("after", "header"), [(0.2, "1"), (1.0, "1"), (1.4, "2"), (2.5, "3")])
 def test_retry_after_never_earlier_than_the_backend_asks(after: float, header: str) -> None:
-    from sloserve.serve.api import _serve_error
+    from sloserve.serve.api_errors import _serve_error
 
     e = _serve_error(ServeError("full", status=429, reason="queue_full", retry_after_s=after))
     assert e.headers["retry-after"] == header

@@ -29,7 +29,8 @@ import httpx
 
 from sloserve.serve.backend import GenerationRequest, ServeError
 from sloserve.serve.breaker import BreakerState
-from sloserve.serve.upstream import OpenAIUpstreamBackend, UpstreamConfig
+from sloserve.serve.upstream import OpenAIUpstreamBackend
+from sloserve.serve.upstream_config import UpstreamConfig
 
 MODEL = "llama-2-7b"
 TOKENS = 30

@@ -32,7 +32,8 @@ from sloserve.core.request import SLO, RequestClass
 from sloserve.serve.backend import GenerationRequest, ServeError, TokenChunk
 from sloserve.serve.breaker import BreakerState, CircuitBreaker
 from sloserve.serve.scrape import parse_engine_load
-from sloserve.serve.upstream import OpenAIUpstreamBackend, UpstreamConfig
+from sloserve.serve.upstream import OpenAIUpstreamBackend
+from sloserve.serve.upstream_config import UpstreamConfig
 
 # ---------------------------------------------------------------------------- fake engine
 

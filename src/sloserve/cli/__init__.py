@@ -1,17 +1,31 @@
 """The ``sloserve`` command line.
 
-``_app`` holds the typer app, the options shared by several commands and the core commands;
-each other module here adds one command family to it when imported. Importing this package
-therefore registers every command, whichever entry point is used (the ``sloserve`` console
-script, ``python -m sloserve.cli`` or ``typer.testing.CliRunner`` on ``app``).
+``_app`` holds the typer app, the ``reproduce`` group, the options shared by several
+commands and ``main``; each other module here adds one command family to it when imported
+(``run``: simulate, compare, demo; ``workload``; ``costmodel``: the costmodel group and
+profile; ``catalog``: policies, profiles; ``optimal``; ``serve``; the papers' ``reproduce``
+commands). Importing this package therefore registers every command, whichever entry point
+is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
+``typer.testing.CliRunner`` on ``app``).
 """
 
+# The order of these imports is the order of the commands in `sloserve --help`.
+# isort: off
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
+    run,
+    workload,
+    costmodel,
+    catalog,
     andes,
     bros,
     infermax,
     serve,
 )
-from sloserve.cli._app import app, console, err_console, main
+
+# isort: on
+from sloserve.cli._app import app, console, err_console, main, reproduce_app
+
+# Groups are listed in the order they are added: ``reproduce`` after workload and costmodel.
+app.add_typer(reproduce_app, name="reproduce")
 
 __all__ = ["app", "console", "err_console", "main"]

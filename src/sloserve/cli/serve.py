@@ -58,7 +58,8 @@ def _upstream_backend(
     from pydantic import ValidationError
 
     from sloserve.config import validation_message
-    from sloserve.serve.upstream import OpenAIUpstreamBackend, UpstreamConfig
+    from sloserve.serve.upstream import OpenAIUpstreamBackend
+    from sloserve.serve.upstream_config import UpstreamConfig
 
     data: dict[str, Any] = _yaml_mapping(config) if config is not None else {}
     data.update({k: v for k, v in options.items() if v is not None})
@@ -266,7 +267,8 @@ def serve(
 
     import uvicorn
 
-    from sloserve.serve.api import GatewayServer, create_app, server_options
+    from sloserve.serve.api import create_app
+    from sloserve.serve.server import GatewayServer, server_options
 
     err_console.print(f"sloserve serve: {what} on http://{host}:{port}/v1")
     server_config = uvicorn.Config(

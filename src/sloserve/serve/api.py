@@ -24,34 +24,53 @@ unknown model, 429 with ``Retry-After`` and 503 with the cause in
 ``/v1/completions`` (OpenAI's default) and to ``default_max_tokens`` on chat, in both
 cases capped by the room the context leaves after the prompt.
 
-Graceful shutdown (:class:`GatewayServer`, what ``sloserve serve`` runs): the server stops
-accepting, the backend refuses new requests (503 ``shutdown``) and lets open streams
-finish for ``drain_timeout_s``, then ends the rest with an SSE error event and ``[DONE]``.
+Graceful shutdown (:class:`~sloserve.serve.server.GatewayServer`, what ``sloserve serve``
+runs): the server stops accepting, the backend refuses new requests (503 ``shutdown``) and
+lets open streams finish for ``drain_timeout_s``, then ends the rest with an SSE error event
+and ``[DONE]``.
+
+This module holds the settings and the app with its routes and request handling; errors are
+in :mod:`~sloserve.serve.api_errors`, the SLO inputs in :mod:`~sloserve.serve.api_inputs`,
+the SSE response and disconnect watching in :mod:`~sloserve.serve.api_stream`, the uvicorn
+server in :mod:`~sloserve.serve.server`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
-import re
-import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Literal, TypedDict, TypeVar
-from urllib.parse import quote
+from typing import Any, Literal
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sloserve.core.request import SLO, QoESpec, RequestClass
+from sloserve.serve.api_errors import _ApiError, _error_response, _param_of, _serve_error
+from sloserve.serve.api_inputs import (
+    _HEADER_NAMES_MAX,
+    _class_label,
+    _header_list,
+    _max_tokens_param,
+    _slo_inputs,
+)
+from sloserve.serve.api_stream import (
+    _DONE,
+    _backend_next,
+    _chain,
+    _close,
+    _Disconnected,
+    _finish,
+    _GatewayApp,
+    _SSEResponse,
+    _unless_disconnected,
+    _Write,
+)
 from sloserve.serve.backend import Backend, GenerationRequest, ServeError, TokenChunk
 from sloserve.serve.metrics import GatewayMetrics, RequestRecord, status_of_http
 from sloserve.serve.schemas import (
@@ -65,22 +84,9 @@ from sloserve.serve.schemas import (
     sse,
     unsupported_params,
 )
-from sloserve.workloads.spec import SLO_PRESETS
-
-_log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` of the legacy completions endpoint."""
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "service_unavailable_error",
-}
 
 
 class GatewaySettings(BaseModel):
@@ -107,217 +113,6 @@ class GatewaySettings(BaseModel):
         default=30.0, ge=0, le=86_400, allow_inf_nan=False,
         description="graceful shutdown: wait this long for open streams (at most a day)",
     )  # fmt: skip
-
-
-class _ApiError(Exception):
-    """An error answered before any token: becomes an OpenAI error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-
-def _error_response(e: _ApiError) -> JSONResponse:
-    return JSONResponse(
-        error_body(e.message, _ERROR_TYPES.get(e.status, "api_error"), e.param, e.code),
-        status_code=e.status,
-        headers=e.headers,
-    )
-
-
-def _serve_error(e: ServeError) -> _ApiError:
-    headers = {"x-sloserve-drop-reason": e.reason}
-    if e.retry_after_s is not None:
-        # whole seconds (RFC 9110), rounded up: never sooner than the backend asked
-        headers["retry-after"] = str(max(1, math.ceil(e.retry_after_s)))
-    return _ApiError(e.status, str(e), code=e.reason, headers=headers)
-
-
-_HEADER_NAMES_MAX = 16
-
-
-def _header_list(names: list[str]) -> str:
-    """Field names for a response header: percent-encoded (headers are latin-1, names are
-    any JSON string) and at most 16 of them (a body may carry thousands)."""
-    shown = [quote(n, safe="-_.~") for n in names[:_HEADER_NAMES_MAX]]
-    if len(names) > _HEADER_NAMES_MAX:
-        shown.append(f"+{len(names) - _HEADER_NAMES_MAX} more")
-    return ",".join(shown)
-
-
-_DONE = "data: [DONE]\n\n"
-
-
-class ServerOptions(TypedDict):
-    """uvicorn ``Config`` keywords: ``uvicorn.Config(app, **server_options())``."""
-
-    loop: str
-    http: str
-
-
-def server_options() -> ServerOptions:
-    """uvicorn's fastest event loop and HTTP parser when installed (``uvloop``,
-    ``httptools``: the ``serve`` extra), else the pure-Python ones."""
-    from importlib.util import find_spec
-
-    return {
-        "loop": "uvloop" if find_spec("uvloop") else "asyncio",
-        "http": "httptools" if find_spec("httptools") else "h11",
-    }
-
-
-_RAW_SEND = "sloserve.raw_send"
-"""Scope key of the server's own ``send`` (stashed by :class:`_GatewayApp`)."""
-
-_Write = Callable[[bytes], Awaitable[None]]
-
-
-class _GatewayApp(FastAPI):
-    """FastAPI, keeping the server's ``send`` in the scope: token writes skip the
-    middleware layers (each wraps ``send`` in a coroutine of its own; per token that was a
-    good share of the gateway's cost). The response start and end still go through them."""
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
-        if scope["type"] == "http":
-            scope[_RAW_SEND] = send
-        await super().__call__(scope, receive, send)
-
-
-class _SSEResponse(Response):
-    """A server-sent-events response written by ``run(write)``.
-
-    Leaner than Starlette's ``StreamingResponse`` on the per-token path: no async
-    iterator chain and no anyio task group around each write. A client disconnect is
-    watched by one idle task that cancels the writer, whose ``finally`` closes the
-    backend's stream (abort, free KV) and records the request as cancelled.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(self, run: Callable[[_Write], Awaitable[None]], headers: dict[str, str]) -> None:
-        # Not Response.__init__: that would set a body and a content-length.
-        self.status_code = 200
-        self.background = None
-        self._run = run
-        self.init_headers(headers)
-
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
-    ) -> None:
-        raw = scope.get(_RAW_SEND, send)
-
-        async def write(data: bytes) -> None:
-            await raw({"type": "http.response.body", "body": data, "more_body": True})
-
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        # The writer runs in a task of its own: each token wakes a shallow coroutine stack,
-        # not the request's (a dozen middleware frames deep, each resumed per wake-up).
-        writer = asyncio.ensure_future(self._run(write))
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            writer.cancel()  # the client left: its finally closes the backend's stream
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await asyncio.wait((writer,))  # returns, not raises, when the writer is cancelled
-        except asyncio.CancelledError:
-            writer.cancel()  # this handler was cancelled (server shutdown): stop writing
-            await asyncio.gather(writer, return_exceptions=True)
-            raise
-        finally:
-            watcher.cancel()
-        if writer.cancelled():
-            return  # the client is gone: nothing more to send
-        writer.result()  # re-raise a failure of the writer
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")
-"""Location entries pydantic adds for union members (``prompt.list[int]``): not fields."""
-
-
-def _param_of(loc: Sequence[Any]) -> str | None:
-    """OpenAI's ``param`` for a validation error location: ``messages[0].role``."""
-    out = ""
-    for p in loc:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif p != "body" and not _UNION_TAG.match(str(p)):
-            out += f".{p}" if out else str(p)
-    return out or None
-
-
-def _header_ms(request: Request, name: str) -> float | None:
-    raw = request.headers.get(name)
-    if raw is None:
-        return None
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise _ApiError(400, f"header {name} must be a number of milliseconds > 0", param=name)
-    return v
-
-
-def _class_label(request: Request, body: AnyRequest | None = None) -> str:
-    """The ``class`` metric label of a request refused before it was fully read: its
-    class as far as it can be told, ``rt`` otherwise (bounded: ``rt`` or ``be``)."""
-    raw = (body.request_class if body is not None else None) or request.headers.get(
-        "x-request-class", ""
-    )
-    v = raw.strip().lower()
-    return v if v in ("rt", "be") else "rt"
-
-
-def _slo_inputs(
-    body: AnyRequest, request: Request, preset: str
-) -> tuple[RequestClass, int, SLO, QoESpec | None]:
-    raw_cls = body.request_class or request.headers.get("x-request-class")
-    try:
-        cls = RequestClass((raw_cls or "rt").strip().lower())
-    except ValueError:
-        raise _ApiError(
-            400, f"x-request-class must be rt or be, got {raw_cls!r}", param="x-request-class"
-        ) from None
-    rule = SLO_PRESETS[preset][cls]
-    ttft_ms = _header_ms(request, "x-slo-ttft-ms")
-    tpot_ms = _header_ms(request, "x-slo-tpot-ms")
-    deadline_ms = None
-    if body.slo is not None:
-        ttft_ms = body.slo.ttft_ms if body.slo.ttft_ms is not None else ttft_ms
-        tpot_ms = body.slo.tpot_ms if body.slo.tpot_ms is not None else tpot_ms
-        deadline_ms = body.slo.deadline_ms
-    slo = SLO(
-        ttft_ms / 1000 if ttft_ms is not None else rule.ttft_s,
-        tpot_ms / 1000 if tpot_ms is not None else rule.tpot_s,
-        deadline_ms / 1000 if deadline_ms is not None else rule.deadline_s,
-    )
-    qoe = QoESpec(body.qoe.ttft_s, body.qoe.tokens_per_s) if body.qoe is not None else None
-    priority = body.priority if body.priority is not None else rule.priority
-    return cls, priority, slo, qoe
 
 
 def create_app(backend: Backend, settings: GatewaySettings | None = None) -> FastAPI:
@@ -649,95 +444,3 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         return await _generate(body, request, chat=True)
 
     return app
-
-
-class _Disconnected(Exception):
-    """The client closed the connection before the response started."""
-
-
-async def _backend_next(nxt: Callable[[], Awaitable[TokenChunk]]) -> TokenChunk:
-    """The backend's next chunk; a bug in a backend (any exception but the contract's
-    :class:`ServeError`) becomes a ``ServeError`` too, so that the stream still ends with
-    an explicit error event and ``[DONE]`` instead of being cut."""
-    try:
-        return await nxt()
-    except (ServeError, StopAsyncIteration, asyncio.CancelledError):
-        raise
-    except Exception as e:
-        _log.exception("backend failed mid-stream")
-        raise ServeError(
-            f"internal error in the backend: {type(e).__name__}: {e}", status=500, reason="internal"
-        ) from e
-
-
-async def _unless_disconnected(request: Request, aw: Awaitable[T]) -> T:
-    """Await ``aw`` unless the client disconnects first; then cancel it (the backend's
-    generator runs its cleanup: the request leaves the engine or the upstream) and raise
-    :class:`_Disconnected`. Without this, a request waiting for its first token, or a
-    non-streaming one, would hold its place until it produced output nobody reads."""
-    task = asyncio.ensure_future(aw)
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():  # the client went away, or this handler was cancelled
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
-    if task.cancelled():
-        raise _Disconnected
-    return task.result()
-
-
-class GatewayServer(uvicorn.Server):
-    """uvicorn's server, draining the gateway as soon as a shutdown starts.
-
-    Plain uvicorn waits for open responses and, at ``timeout_graceful_shutdown``, cancels
-    them (the client sees a cut connection) before the app hears of the shutdown. This one
-    starts the app's drain (``app.state.drain``) beside that wait, so streams still open
-    after ``drain_timeout_s`` end with an SSE error event and ``data: [DONE]``; give uvicorn
-    a longer ``timeout_graceful_shutdown`` as a backstop.
-    """
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        drain = getattr(getattr(self.config.app, "state", None), "drain", None)
-        task = asyncio.ensure_future(drain()) if drain is not None else None
-        await super().shutdown(sockets)
-        if task is not None:
-            await task
-
-
-def _max_tokens_param(body: AnyRequest) -> str:
-    """The field that set the output cap (``max_completion_tokens`` wins on chat)."""
-    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
-        return "max_completion_tokens"
-    return "max_tokens"
-
-
-def _finish(chunk: TokenChunk) -> str | None:
-    # "abort" is the contract's word for a request the engine gave up: OpenAI has no such
-    # finish reason, and a stream that ends that way is reported as an error instead.
-    if chunk.finish_reason == "abort":
-        raise ServeError("the backend aborted the request", reason="aborted")
-    return chunk.finish_reason
-
-
-async def _chain(first: TokenChunk, rest: AsyncIterator[TokenChunk]) -> AsyncIterator[TokenChunk]:
-    yield first
-    if first.finish_reason is not None:
-        return
-    async for c in rest:
-        yield c
-
-
-async def _close(*its: AsyncIterator[TokenChunk]) -> None:
-    for it in its:
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()

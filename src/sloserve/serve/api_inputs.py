@@ -1,0 +1,91 @@
+"""What the gateway reads from a request besides its OpenAI body (FastAPI).
+
+The request's class, priority, SLO and QoE by precedence: body, then the ``x-slo-*`` and
+``x-request-class`` headers, then the class defaults of the SLO preset
+(:func:`_slo_inputs`, see :mod:`sloserve.serve.api`); the ``class`` metric label of a
+request refused early; the field that set the output cap; the header listing unknown
+fields.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from fastapi import Request
+
+from sloserve.core.request import SLO, QoESpec, RequestClass
+from sloserve.serve.api_errors import _ApiError
+from sloserve.serve.schemas import (
+    AnyRequest,
+    ChatCompletionRequest,
+)
+from sloserve.workloads.spec import SLO_PRESETS
+
+_HEADER_NAMES_MAX = 16
+
+
+def _header_list(names: list[str]) -> str:
+    """Field names for a response header: percent-encoded (headers are latin-1, names are
+    any JSON string) and at most 16 of them (a body may carry thousands)."""
+    shown = [quote(n, safe="-_.~") for n in names[:_HEADER_NAMES_MAX]]
+    if len(names) > _HEADER_NAMES_MAX:
+        shown.append(f"+{len(names) - _HEADER_NAMES_MAX} more")
+    return ",".join(shown)
+
+
+def _header_ms(request: Request, name: str) -> float | None:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not v > 0 or v == float("inf"):
+        raise _ApiError(400, f"header {name} must be a number of milliseconds > 0", param=name)
+    return v
+
+
+def _class_label(request: Request, body: AnyRequest | None = None) -> str:
+    """The ``class`` metric label of a request refused before it was fully read: its
+    class as far as it can be told, ``rt`` otherwise (bounded: ``rt`` or ``be``)."""
+    raw = (body.request_class if body is not None else None) or request.headers.get(
+        "x-request-class", ""
+    )
+    v = raw.strip().lower()
+    return v if v in ("rt", "be") else "rt"
+
+
+def _slo_inputs(
+    body: AnyRequest, request: Request, preset: str
+) -> tuple[RequestClass, int, SLO, QoESpec | None]:
+    raw_cls = body.request_class or request.headers.get("x-request-class")
+    try:
+        cls = RequestClass((raw_cls or "rt").strip().lower())
+    except ValueError:
+        raise _ApiError(
+            400, f"x-request-class must be rt or be, got {raw_cls!r}", param="x-request-class"
+        ) from None
+    rule = SLO_PRESETS[preset][cls]
+    ttft_ms = _header_ms(request, "x-slo-ttft-ms")
+    tpot_ms = _header_ms(request, "x-slo-tpot-ms")
+    deadline_ms = None
+    if body.slo is not None:
+        ttft_ms = body.slo.ttft_ms if body.slo.ttft_ms is not None else ttft_ms
+        tpot_ms = body.slo.tpot_ms if body.slo.tpot_ms is not None else tpot_ms
+        deadline_ms = body.slo.deadline_ms
+    slo = SLO(
+        ttft_ms / 1000 if ttft_ms is not None else rule.ttft_s,
+        tpot_ms / 1000 if tpot_ms is not None else rule.tpot_s,
+        deadline_ms / 1000 if deadline_ms is not None else rule.deadline_s,
+    )
+    qoe = QoESpec(body.qoe.ttft_s, body.qoe.tokens_per_s) if body.qoe is not None else None
+    priority = body.priority if body.priority is not None else rule.priority
+    return cls, priority, slo, qoe
+
+
+def _max_tokens_param(body: AnyRequest) -> str:
+    """The field that set the output cap (``max_completion_tokens`` wins on chat)."""
+    if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
