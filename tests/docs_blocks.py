@@ -8,6 +8,11 @@ Which blocks run:
   names (a later block may use what an earlier one defined);
 * blocks with ``exec="on"`` are skipped here: markdown-exec runs them while the site builds
   (``mkdocs build --strict`` fails when one raises), and inserts their output in the page;
+* a block titled with a file name (``title="my_policy.py"``) is also saved under that name
+  in the current directory before it runs, so a later bash block can use the file (e.g.
+  ``sloserve --plugin my_policy.py ...``);
+* a ``--8<-- "path"`` line (pymdownx.snippets, path from the repository root) is replaced
+  by that file's text, as the site build does;
 * a block whose info string has ``title="Not run ...`` (the reason, shown to the reader) or
   the word ``notest`` is skipped: long-running servers and hour-long reproductions only.
 
@@ -24,6 +29,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+SNIPPET = re.compile(r'^\s*-{1,}8<-{1,}\s+"(?P<path>[^"]+)"\s*$')
+TITLE_FILE = re.compile(r'title="(?P<name>[\w.-]+\.(?:py|ya?ml|csv|json))"')
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
 BASH_TIMEOUT_S = 180
 
@@ -52,6 +59,25 @@ class Block:
         return f"{self.page}:{self.line}"
 
 
+def _root(page: Path) -> Path:
+    """The repository root: the nearest folder above ``page`` holding ``mkdocs.yml``."""
+    for parent in page.resolve().parents:
+        if (parent / "mkdocs.yml").is_file():
+            return parent
+    raise FileNotFoundError(f"{page}: no mkdocs.yml above it")
+
+
+def _expand(page: Path, code: list[str]) -> list[str]:
+    out: list[str] = []
+    for line in code:
+        m = SNIPPET.match(line)
+        if m:
+            out.extend((_root(page) / m["path"]).read_text(encoding="utf-8").splitlines())
+        else:
+            out.append(line)
+    return out
+
+
 def blocks(page: Path) -> list[Block]:
     """Every fenced code block of ``page``, in order."""
     out: list[Block] = []
@@ -68,7 +94,7 @@ def blocks(page: Path) -> list[Block]:
             rf"^{re.escape(indent)}{re.escape(fence[0])}{{{len(fence)},}}\s*$", lines[j]
         ):
             j += 1
-        code = textwrap.dedent("\n".join(lines[i + 1 : j]))
+        code = textwrap.dedent("\n".join(_expand(page, lines[i + 1 : j])))
         lang = info.split()[0].lstrip(".{").lower() if info else ""
         out.append(Block(page, i + 2, lang, info, code + "\n"))
         i = j + 1
@@ -85,6 +111,9 @@ def run_page(page: Path) -> None:
     namespace: dict[str, object] = {"__name__": "__main__"}
     for b in runnable(page):
         print(f"--- {b.where} ({b.lang})", flush=True)
+        saved = TITLE_FILE.search(b.info)
+        if saved:
+            Path(saved["name"]).write_text(b.code, encoding="utf-8")
         if b.lang == "python":
             # Pad with blank lines so that tracebacks give the page's own line numbers.
             source = "\n" * (b.line - 1) + b.code

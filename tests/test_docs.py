@@ -20,6 +20,7 @@ from docs_blocks import runnable
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(p.relative_to(DOCS) for p in DOCS.rglob("*.md"))
+# The README is the front door: its examples run too (as "../README.md" from docs/).
 
 
 def _env() -> dict[str, str]:
@@ -36,8 +37,8 @@ def _env() -> dict[str, str]:
 
 
 def test_site_builds_strict(tmp_path: Path) -> None:
-    pytest.importorskip("mkdocs")
-    pytest.importorskip("markdown_exec")
+    import markdown_exec  # noqa: F401
+    import mkdocs  # noqa: F401  (a dev dependency: a missing one must fail, not skip)
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=ROOT,
@@ -50,7 +51,7 @@ def test_site_builds_strict(tmp_path: Path) -> None:
     assert done.returncode == 0, "\n".join(problems) or done.stderr[-4000:]
 
 
-@pytest.mark.parametrize("page", [str(p) for p in PAGES])
+@pytest.mark.parametrize("page", [str(p) for p in PAGES] + ["../README.md"])
 def test_page_examples_run(page: str, tmp_path: Path) -> None:
     if not runnable(DOCS / page):
         pytest.skip("no runnable blocks")

@@ -36,6 +36,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _root(
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plugin",
+            metavar="MODULE|FILE.py",
+            help="Import this module or .py file first, so the policies, routers and cost "
+            "models it registers can be named (repeatable; also $SLOSERVE_PLUGINS and the "
+            "'sloserve.plugins' entry points).",
+        ),
+    ] = None,
+) -> None:
+    """SLO-aware LLM serving: simulate and compare scheduling policies on calibrated replicas."""
+    from sloserve.cli.plugins import load_plugins
+
+    load_plugins(plugin or ())
+
+
 # Wide enough for the comparison table when output goes to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)

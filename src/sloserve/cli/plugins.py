@@ -33,20 +33,21 @@ ENV_VAR = "SLOSERVE_PLUGINS"
 _loaded: set[str] = set()
 
 
-def _import_path(path: Path) -> None:
+def _import_path(spec: str) -> None:
+    path = Path(spec).expanduser().resolve()
     if not path.is_file():
-        raise ConfigError(f"plugin {str(path)!r}: file not found")
+        raise ConfigError(f"plugin {spec!r}: file not found ({path})")
     name = f"sloserve_plugin_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"plugin {str(path)!r}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
+    mspec = importlib.util.spec_from_file_location(name, path)
+    if mspec is None or mspec.loader is None:
+        raise ConfigError(f"plugin {spec!r}: not a Python file")
+    module = importlib.util.module_from_spec(mspec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        mspec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise ConfigError(f"plugin {str(path)!r}: {type(e).__name__}: {e}") from e
+        raise ConfigError(f"plugin {spec!r}: {type(e).__name__}: {e}") from e
 
 
 def load_plugin(spec: str) -> None:
@@ -58,7 +59,7 @@ def load_plugin(spec: str) -> None:
     if not spec or spec in _loaded:
         return
     if spec.endswith(".py") or os.sep in spec:
-        _import_path(Path(spec).expanduser().resolve())
+        _import_path(spec)
     else:
         try:
             importlib.import_module(spec)
