@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sloserve.cluster import ClusterConfig
+from sloserve.cluster import ClusterConfig, ReplicaGroup
 from sloserve.core.request import Request
 from sloserve.experiments.cluster_run import simulate_cluster
 from sloserve.experiments.runner import InstanceConfig, SimConfig, simulate
@@ -66,17 +66,19 @@ def test_same_inputs_same_result_with_failures() -> None:
 
 
 def test_least_outstanding_beats_round_robin_and_random_on_ttft_p99() -> None:
-    # 4 replicas at high load with heavy-tailed (gamma cv=3) arrivals and varied lengths.
-    w = WorkloadSpec(arrival=GammaArrivals(rate=22, cv=3), duration_s=40, seed=7)
-    cfg = SimConfig(workload=w, policy="vllm")
+    # 4 vLLM replicas with R_max=8 at 10 req/s (Poisson, the default mix): queues form at
+    # times. Measured: TTFT p99 least-outstanding 0.157 s, round-robin 0.816 s, random
+    # 2.237 s; asserted with a wide margin (2x).
+    w = WorkloadSpec(arrival=PoissonArrivals(rate=10), duration_s=30, seed=7)
+    cfg = SimConfig(workload=w, policy="vllm", instance=InstanceConfig(max_running=8))
     p99 = {}
     for router in ("least-outstanding", "round-robin", "random"):
-        cc = ClusterConfig(replicas=[{"count": 4}], router=router)
+        cc = ClusterConfig(replicas=[ReplicaGroup(count=4)], router=router)
         s = simulate_cluster(cfg, cc).summary
         assert s["finished"] == s["requests"]
         p99[router] = s["ttft_p99"]
-    assert p99["least-outstanding"] < 0.8 * p99["round-robin"], p99
-    assert p99["least-outstanding"] < 0.8 * p99["random"], p99
+    assert p99["least-outstanding"] < 0.5 * p99["round-robin"], p99
+    assert p99["least-outstanding"] < 0.5 * p99["random"], p99
 
 
 def test_drain_and_late_join() -> None:
