@@ -23,7 +23,12 @@ def test_one_replica_pass_through_is_the_single_replica_run(policy: str) -> None
     sa = {k: v for k, v in a.summary.items() if k != "wall_seconds"}
     assert sa == {k: b.summary[k] for k in sa}
     assert set(b.summary) - set(a.summary) == {
-        "router", "gpu_seconds", "replicas", "holds", "aborted_by_reason", "failovers"
+        "router",
+        "gpu_seconds",
+        "replicas",
+        "holds",
+        "aborted_by_reason",
+        "failovers",
     }
     assert a.summary["aborted"] > 0  # the horizon path is covered too
     pd.testing.assert_frame_equal(a.table, b.table.drop(columns=CLUSTER_COLUMNS))
@@ -117,16 +122,17 @@ def test_hold_and_pull_with_max_outstanding() -> None:
 
 def test_all_replicas_failed_requests_wait_then_abort_with_a_reason() -> None:
     cfg = _load_cfg(10, n_s=10).model_copy(update={"horizon_s": 20.0})
-    cc = ClusterConfig(replicas=[{"count": 2}], failures=[
-        {"replica": 0, "at_s": 2.0}, {"replica": 1, "at_s": 2.0, "recover_s": 6.0}
-    ])
+    cc = ClusterConfig(
+        replicas=[{"count": 2}],
+        failures=[{"replica": 0, "at_s": 2.0}, {"replica": 1, "at_s": 2.0, "recover_s": 6.0}],
+    )
     res = simulate_cluster(cfg, cc)
     s = res.summary
     assert s["finished"] == s["requests"]  # replica 1 came back and served the held ones
     assert s["holds"]["no_replica"] > 0
-    cc2 = ClusterConfig(replicas=[{"count": 2}], failures=[
-        {"replica": 0, "at_s": 2.0}, {"replica": 1, "at_s": 2.0}
-    ])
+    cc2 = ClusterConfig(
+        replicas=[{"count": 2}], failures=[{"replica": 0, "at_s": 2.0}, {"replica": 1, "at_s": 2.0}]
+    )
     s2 = simulate_cluster(cfg, cc2).summary
     assert s2["aborted"] > 0 and s2["aborted_by_reason"] == {"horizon": s2["aborted"]}
     assert s2["finished"] + s2["aborted"] + s2["rejected"] == s2["requests"]
@@ -139,9 +145,7 @@ def test_failover_client_timeline_counts_streamed_tokens_once() -> None:
         workload=WorkloadSpec(duration_s=1, seed=0),
     )
     reqs = [Request(req_id=0, arrival=0.0, num_prompt_tokens=10, true_output_len=100)]
-    cc = ClusterConfig(
-        replicas=[{"count": 2}], failures=[{"replica": 0, "at_s": 0.305}]
-    )
+    cc = ClusterConfig(replicas=[{"count": 2}], failures=[{"replica": 0, "at_s": 0.305}])
     res = simulate_cluster(cfg, cc, reqs)
     row = res.table.iloc[0]
     assert row["status"] == "finished" and row["replica"] == 1 and row["failovers"] == 1

@@ -136,12 +136,12 @@ class ClusterConfig(BaseModel):
             try:
                 load_profile(prof)
             except ConfigError as e:
-                raise ConfigError(f"{where}.profile: {prof!r}: {e}") from None
+                raise ConfigError(f"{where}.profile: {e}") from None
             pol = g.policy or policy
             try:
                 make_policy(pol, g.policy_params or {})
             except ConfigError as e:
-                raise ConfigError(f"{where}.policy: {pol!r}: {e}") from None
+                raise ConfigError(f"{where}.policy: {e}") from None
             if horizon_s is not None and g.start_s >= horizon_s:
                 raise ConfigError(f"{where}.start_s: {g.start_s} is not before the horizon")
         n = self.num_replicas
