@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sloserve.cluster.view import ReplicaStatus, RouteRequest
-from sloserve.core.request import Request, RequestStatus
+from sloserve.core.request import RequestStatus
 from sloserve.costmodel.base import BatchStats
 from sloserve.engine.instance import Instance
 
@@ -176,9 +176,3 @@ class SimReplicaView:
         per_iter = inst.cost_model.batch_time(stats)
         return max(inst.busy_until - now, 0.0) + math.ceil(q / p) * per_iter
 
-
-def requests_of(inst: Instance) -> list[Request]:
-    """Every live request the instance holds, by arrival."""
-    return sorted(
-        [*inst.waiting, *inst.running, *inst.swapped], key=lambda r: (r.arrival, r.req_id)
-    )
