@@ -175,4 +175,3 @@ class SimReplicaView:
         )
         per_iter = inst.cost_model.batch_time(stats)
         return max(inst.busy_until - now, 0.0) + math.ceil(q / p) * per_iter
-
