@@ -9,6 +9,12 @@ brings ``num_computed_tokens`` up to ``seq_len`` emits one new token, so during 
 
 Token emission times are kept compactly as runs of iteration indices of the instance that
 served the request (``token_runs``); the instance's iteration log maps indices to times.
+
+Failover (the cluster layer): when the replica holding a request fails, the request goes back
+to WAITING (:meth:`Request.requeue_after_failure`) and is served again from scratch on
+another replica. The tokens its client had already received are kept as absolute times in
+``streamed_times``; the re-served request regenerates them without delivering them again, so
+its client timeline is ``streamed_times`` followed by the new replica's tokens beyond them.
 """
 
 from __future__ import annotations
@@ -117,6 +123,10 @@ class Request:
     token_runs: list[int] = field(default_factory=list)
     """Flattened inclusive ``[start, end]`` pairs of iteration indices that emitted a token."""
     instance_id: int = -1
+    streamed_times: list[float] = field(default_factory=list)
+    """Delivery times of the tokens the client received before a replica failure (empty
+    unless the request failed over); they are not delivered twice."""
+    num_failovers: int = 0
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 1:
@@ -207,6 +217,31 @@ class Request:
             now,
         )
         self.finish_time = now
+
+    def requeue_after_failure(self, now: float, streamed: list[float]) -> None:
+        """Any live state -> WAITING: the replica holding it failed and its KV cache is lost.
+
+        ``streamed`` is the client's timeline so far (delivery times of every token it
+        received, earlier failovers included). The request restarts from scratch: no
+        output, no KV, no replica; its arrival, first scheduling and first-token times stay.
+        """
+        self._move(
+            (
+                RequestStatus.WAITING,
+                RequestStatus.RUNNING,
+                RequestStatus.PREEMPTED_RECOMPUTE,
+                RequestStatus.PREEMPTED_SWAPPED,
+            ),
+            RequestStatus.WAITING,
+            now,
+        )
+        if len(streamed) > len(self.streamed_times):
+            self.streamed_times = list(streamed)
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.token_runs = []
+        self.instance_id = -1
+        self.num_failovers += 1
 
     def reject(self, now: float, reason: str) -> None:
         """WAITING -> REJECTED: the request can never be served (e.g. longer than M)."""

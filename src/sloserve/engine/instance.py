@@ -38,6 +38,7 @@ from sloserve.engine.interface import (
     SchedulerOutput,
 )
 from sloserve.engine.kv import KVCacheManager, KVOp, PagedKVManager
+from sloserve.metrics.summary import token_times
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 _MAX_FAST_STEPS = 1 << 14
@@ -157,6 +158,12 @@ class Instance:
     @property
     def num_live(self) -> int:
         return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    @property
+    def busy_until(self) -> float:
+        """When the iteration (or fast-forwarded run) now in flight ends; now when idle."""
+        pending = self._pending
+        return pending.ends[-1] if pending is not None else self.env.now
 
     def add_request(self, req: Request) -> None:
         """A request arrives now; it is queued, or rejected if it can never be served."""
@@ -670,3 +677,45 @@ class Instance:
         self._abort_after.clear()
         self._busy = False
         return len(live)
+
+    def evacuate(self) -> list[Request]:
+        """The replica failed: hand back every live request, WAITING again, from scratch.
+
+        Iterations of a fast-forwarded run that ended before now happened (their tokens
+        reached the client); the iteration in flight is lost, as one stepped singly would
+        be (a failure at the instant an iteration ends runs first: its event has the
+        higher priority). Every request's KV (GPU and CPU tier) is freed and its client
+        timeline kept (:meth:`Request.requeue_after_failure`). Requests whose abort was
+        waiting for the lost iteration are aborted now. The instance is left empty and
+        idle; its pending events become no-ops. Returns the requests, by arrival.
+        """
+        now = self.env.now
+        pending = self._pending
+        self._pending = None
+        if pending is not None:
+            done = sum(1 for e in pending.ends if e < now)
+            if done:
+                self._retire(pending, done)
+            self.busy_time -= pending.ends[-1] - now
+        aborts = {id(r) for r in self._abort_after}
+        self._abort_after.clear()
+        live = sorted([*self.waiting, *self.running, *self.swapped], key=_arrival_key)
+        self.waiting.clear()
+        self.running.clear()
+        self.swapped.clear()
+        self._busy = False
+        iter_end = np.asarray(self.iter_end, dtype=np.float64)
+        out: list[Request] = []
+        for r in live:
+            if r.status is RequestStatus.PREEMPTED_SWAPPED:
+                self.kv.drop_swapped(r.req_id)
+            else:
+                self.kv.free(r.req_id)
+            if id(r) in aborts:
+                r.abort(now)
+                self._done(r)
+                continue
+            self.kv.forget(r.req_id)
+            r.requeue_after_failure(now, token_times(r, iter_end).tolist())
+            out.append(r)
+        return out

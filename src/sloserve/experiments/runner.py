@@ -8,9 +8,9 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -146,7 +146,9 @@ def fresh(requests: Sequence[Request]) -> list[Request]:
     ]
 
 
-def build_instance(cfg: SimConfig, env: Environment, *, check_invariants: bool = False) -> Instance:
+def build_instance(
+    cfg: SimConfig, env: Environment, *, check_invariants: bool = False, instance_id: int = 0
+) -> Instance:
     """The replica of ``cfg``: profile, limits, policy and predictor wired together."""
     icfg = cfg.instance
     profile = load_profile(icfg.profile)
@@ -178,6 +180,7 @@ def build_instance(cfg: SimConfig, env: Environment, *, check_invariants: bool =
         max_context=profile.model.max_context,
         multi_step=icfg.multi_step,
         check_invariants=check_invariants,
+        instance_id=instance_id,
     )
 
 
@@ -272,6 +275,14 @@ def simulate(
     return RunResult(cfg, reqs, table, summary, trace, iter_end)
 
 
+class RequestSink(Protocol):
+    """Where batch jobs submit requests: one instance, or a cluster."""
+
+    on_done: Callable[[Request], None] | None
+
+    def add_request(self, req: Request) -> None: ...
+
+
 class _BatchFeeder:
     """Closed-loop batch jobs: the next batch arrives when the previous one has completed.
 
@@ -284,7 +295,7 @@ class _BatchFeeder:
         cfg: SimConfig,
         jobs: BatchJobs,
         env: Environment,
-        inst: Instance,
+        inst: RequestSink,
         open_loop: list[Request],
     ) -> None:
         self.cfg = cfg

@@ -30,8 +30,19 @@ _PCTS = (50, 90, 99)
 
 
 def token_times(req: Request, iter_end: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Delivery time of each token of ``req`` from its instance's iteration log."""
-    runs = req.token_runs
+    """Delivery time of each token of ``req`` from its instance's iteration log.
+
+    After a failover the client timeline is the tokens streamed before the failure
+    (``req.streamed_times``) followed by the serving replica's tokens beyond them: the
+    regenerated ones are not delivered twice.
+    """
+    if req.streamed_times:
+        prior = np.asarray(req.streamed_times, dtype=np.float64)
+        return np.concatenate((prior, _served_times(req.token_runs, iter_end)[prior.size :]))
+    return _served_times(req.token_runs, iter_end)
+
+
+def _served_times(runs: list[int], iter_end: NDArray[np.float64]) -> NDArray[np.float64]:
     if not runs:
         return np.empty(0)
     if len(runs) == 2:
@@ -46,7 +57,11 @@ def request_table(
     nan = float("nan")
     rows: list[dict[str, Any]] = []
     for r in requests:
-        t = token_times(r, iter_ends[r.instance_id]) if r.token_runs else np.empty(0)
+        t = (
+            token_times(r, iter_ends[r.instance_id])
+            if r.token_runs or r.streamed_times
+            else np.empty(0)
+        )
         n = t.size
         ttft = float(t[0]) - r.arrival if n else nan
         tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan

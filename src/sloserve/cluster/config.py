@@ -1,0 +1,169 @@
+"""The cluster's configuration: replica groups, the router, scheduled drains and failures.
+
+Frozen pydantic models (unknown keys are errors). Structural checks (counts, signs) are
+pydantic's; :meth:`ClusterConfig.check` does the ones that need the run around it (names
+of routers, profiles and policies, event times against the horizon, replica indices) and
+raises a one-line :class:`~sloserve.core.errors.ConfigError` naming the field and value.
+
+Choices: replicas are numbered 0.. in group order (group 0's replicas first); a group's
+unset fields (``profile``, ``policy``, ``policy_params``, the instance limits) take the
+run's values, so ``ClusterConfig()`` is one replica exactly like the single-replica run.
+A replica's model is its profile's model name unless the group sets ``model``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sloserve.cluster.routing import check_router
+from sloserve.core.errors import ConfigError
+from sloserve.costmodel.profile import load_profile
+from sloserve.policies.registry import make_policy
+
+
+class ReplicaGroup(BaseModel):
+    """``count`` identical replicas."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    count: int = Field(default=1, ge=1, description="number of replicas in the group")
+    profile: str | None = Field(
+        default=None, description="hardware profile (name or YAML path); unset: the run's"
+    )
+    policy: str | None = Field(default=None, description="per-replica scheduler; unset: the run's")
+    policy_params: dict[str, Any] | None = Field(
+        default=None, description="the policy's parameters; unset: the run's"
+    )
+    start_s: float = Field(default=0.0, ge=0, description="when the replicas join the cluster")
+    model: str | None = Field(
+        default=None, description="model served (routing key); unset: the profile's model name"
+    )
+    max_running: int | None = Field(default=None, ge=1, description="R_max override")
+    max_batch_tokens: int | None = Field(default=None, ge=1, description="C override")
+    chunk_size: int | None = Field(default=None, ge=1, description="P override")
+    block_size: int | None = Field(default=None, ge=1, description="KV block size override")
+    kv_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="GPU memory fraction override"
+    )
+    kv_capacity_tokens: int | None = Field(
+        default=None, ge=1, le=50_000_000, description="M override, in tokens"
+    )
+    cpu_swap_gib: float | None = Field(default=None, ge=0, description="CPU swap tier override")
+
+    def instance_overrides(self) -> dict[str, Any]:
+        """The instance fields this group sets (the rest come from the run)."""
+        keys = (
+            "profile",
+            "max_running",
+            "max_batch_tokens",
+            "chunk_size",
+            "block_size",
+            "kv_utilization",
+            "kv_capacity_tokens",
+            "cpu_swap_gib",
+        )
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+
+
+class Failure(BaseModel):
+    """Replica ``replica`` fails at ``at_s``; it recovers (empty) at ``recover_s`` if set."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replica: int = Field(ge=0, description="replica index (0.., in group order)")
+    at_s: float = Field(ge=0, description="failure time")
+    recover_s: float | None = Field(
+        default=None, description="recovery time (> at_s); unset: never"
+    )
+
+
+class Drain(BaseModel):
+    """Replica ``replica`` stops accepting at ``at_s`` and leaves once it is empty."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replica: int = Field(ge=0, description="replica index (0.., in group order)")
+    at_s: float = Field(ge=0, description="drain time")
+
+
+class ClusterConfig(BaseModel):
+    """Several replicas on one clock behind a router."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replicas: list[ReplicaGroup] = Field(
+        default_factory=lambda: [ReplicaGroup()], min_length=1, description="replica groups"
+    )
+    router: str = Field(default="pass-through", description="router name (see routers)")
+    router_params: dict[str, Any] = Field(
+        default_factory=dict, description="the router's parameters (seed: the workload's)"
+    )
+    failures: list[Failure] = Field(default_factory=list, description="scheduled failures")
+    drains: list[Drain] = Field(default_factory=list, description="scheduled drains")
+
+    @classmethod
+    def load(cls, data: Mapping[str, Any], source: str = "cluster") -> ClusterConfig:
+        """Validate a mapping (a YAML ``cluster:`` section); one-line ConfigError."""
+        try:
+            return cls.model_validate(dict(data))
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"])
+            if err["type"] == "extra_forbidden":
+                raise ConfigError(f"{source}: unknown key {loc!r}") from None
+            got = err.get("input")
+            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            raise ConfigError(f"{source}: {loc}: {err['msg']}{shown}") from None
+
+    @property
+    def num_replicas(self) -> int:
+        return sum(g.count for g in self.replicas)
+
+    def group_of(self) -> list[int]:
+        """Group index of each replica, by replica index."""
+        return [gi for gi, g in enumerate(self.replicas) for _ in range(g.count)]
+
+    def check(self, *, horizon_s: float | None, profile: str, policy: str) -> None:
+        """Names and times against the run (``profile``/``policy``: the run's defaults)."""
+        check_router(self.router, self.router_params)
+        for gi, g in enumerate(self.replicas):
+            where = f"cluster.replicas.{gi}"
+            prof = g.profile or profile
+            try:
+                load_profile(prof)
+            except ConfigError as e:
+                raise ConfigError(f"{where}.profile: {e}") from None
+            pol = g.policy or policy
+            try:
+                make_policy(pol, g.policy_params or {})
+            except ConfigError as e:
+                raise ConfigError(f"{where}.policy: {e}") from None
+            if horizon_s is not None and g.start_s >= horizon_s:
+                raise ConfigError(f"{where}.start_s: {g.start_s} is not before the horizon")
+        n = self.num_replicas
+        groups = self.group_of()
+        end = math.inf if horizon_s is None else horizon_s
+        events: list[tuple[str, int, float]] = [
+            *((f"failures.{i}", f.replica, f.at_s) for i, f in enumerate(self.failures)),
+            *((f"drains.{i}", d.replica, d.at_s) for i, d in enumerate(self.drains)),
+        ]
+        for where, rep, at in events:
+            if rep >= n:
+                raise ConfigError(
+                    f"cluster.{where}.replica: {rep} out of range (replicas 0..{n - 1})"
+                )
+            start = self.replicas[groups[rep]].start_s
+            if not start <= at < end:
+                raise ConfigError(
+                    f"cluster.{where}.at_s: {at} outside the run "
+                    f"(replica {rep} joins at {start}, horizon {end})"
+                )
+        for i, f in enumerate(self.failures):
+            if f.recover_s is not None and not f.at_s < f.recover_s:
+                raise ConfigError(
+                    f"cluster.failures.{i}.recover_s: {f.recover_s} is not after at_s {f.at_s}"
+                )

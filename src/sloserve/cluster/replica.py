@@ -1,0 +1,177 @@
+"""One replica of the cluster: its lifecycle, its engine incarnations and its accounting.
+
+A :class:`Replica` is a slot with a fixed id, model and spec. It runs one
+:class:`~sloserve.engine.instance.Instance` at a time; a recovery after a failure starts a
+fresh instance (an engine restart: empty KV, fresh policy state), its *incarnation*, with a
+new instance id so that every request's token indices stay tied to the iteration log that
+emitted them. Replica ids and the first incarnations' instance ids coincide (0..N-1).
+
+Accounting (choices): GPU-seconds run from join to leave (or the end of the run), failed
+time included — a failed machine is still held. Utilisation is busy time over those
+GPU-seconds. KV usage is the mean over busy time (each scheduling decision's sample
+weighted by its iteration time).
+
+:class:`SimReplicaView` is the live, read-only :class:`~sloserve.cluster.view.ReplicaView`
+of a replica; it computes on access, so replicas no router asks about cost nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sloserve.cluster.view import ReplicaStatus, RouteRequest
+from sloserve.core.request import RequestStatus
+from sloserve.costmodel.base import BatchStats
+from sloserve.engine.instance import Instance
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSpec:
+    """What a replica is: fixed for the run."""
+
+    replica_id: int
+    group: int
+    profile: str
+    policy: str
+    model: str
+    start_s: float
+
+
+InstanceFactory = Callable[[ReplicaSpec, int], Instance]
+"""Builds an incarnation of a replica with the given instance id (on the cluster's env)."""
+
+
+@dataclass
+class Replica:
+    """A replica slot and everything it did."""
+
+    spec: ReplicaSpec
+    status: ReplicaStatus = ReplicaStatus.JOINING
+    instance: Instance | None = None
+    incarnations: list[Instance] = field(default_factory=list)
+    join_time: float | None = None
+    leave_time: float | None = None
+    served: int = 0
+    """Requests that finished here."""
+    failures: int = 0
+
+    @property
+    def replica_id(self) -> int:
+        return self.spec.replica_id
+
+    @property
+    def holds(self) -> int:
+        inst = self.instance
+        return 0 if inst is None else inst.num_live
+
+    def gpu_seconds(self, end: float) -> float:
+        if self.join_time is None or self.join_time >= end:
+            return 0.0
+        leave = end if self.leave_time is None else min(self.leave_time, end)
+        return max(leave - self.join_time, 0.0)
+
+    def busy_seconds(self) -> float:
+        return sum(i.busy_time for i in self.incarnations)
+
+    def preemptions(self) -> int:
+        return sum(i.num_preemptions for i in self.incarnations)
+
+    def kv_usage_mean(self) -> float | None:
+        num = den = 0.0
+        for inst in self.incarnations:
+            tr = inst.trace
+            nb = inst.kv.num_blocks
+            for used, d in zip(tr.kv_used_blocks, tr.duration, strict=True):
+                num += used / nb * d
+                den += d
+        return num / den if den > 0 else None
+
+
+class SimReplicaView:
+    """Live read-only view of a :class:`Replica` for routers (see module docstring).
+
+    Predicted TTFT (a choice; the papers do not fix one): the rest of the iteration in
+    flight, plus ``ceil(q / P)`` iterations, where ``q`` is the prompt tokens queued there
+    plus the request's own and P the replica's prefill budget; each iteration priced by the
+    replica's cost model as a P-token prefill chunk batched with the running decodes.
+    """
+
+    __slots__ = ("_r",)
+
+    def __init__(self, replica: Replica) -> None:
+        self._r = replica
+
+    @property
+    def replica_id(self) -> int:
+        return self._r.spec.replica_id
+
+    @property
+    def name(self) -> str:
+        return f"replica-{self._r.spec.replica_id}"
+
+    @property
+    def model(self) -> str:
+        return self._r.spec.model
+
+    @property
+    def status(self) -> ReplicaStatus:
+        return self._r.status
+
+    @property
+    def running(self) -> int:
+        inst = self._r.instance
+        return 0 if inst is None else len(inst.running)
+
+    @property
+    def waiting(self) -> int:
+        inst = self._r.instance
+        return 0 if inst is None else len(inst.waiting)
+
+    @property
+    def swapped(self) -> int:
+        inst = self._r.instance
+        return 0 if inst is None else len(inst.swapped)
+
+    @property
+    def outstanding(self) -> int:
+        return self._r.holds
+
+    @property
+    def queued_prompt_tokens(self) -> int:
+        inst = self._r.instance
+        if inst is None:
+            return 0
+        total = sum(r.remaining_compute for r in inst.waiting)
+        total += sum(
+            r.remaining_compute for r in inst.swapped
+        )  # swapped ones resume where they were: at most a decode each
+        total += sum(r.remaining_compute - 1 for r in inst.running if r.remaining_compute > 1)
+        return total
+
+    @property
+    def kv_usage(self) -> float:
+        inst = self._r.instance
+        if inst is None:
+            return math.nan
+        return inst.kv.num_used_blocks / inst.kv.num_blocks
+
+    def predicted_ttft_s(self, req: RouteRequest) -> float | None:
+        inst = self._r.instance
+        if inst is None or self._r.status is not ReplicaStatus.UP:
+            return None
+        now = inst.env.now
+        q = self.queued_prompt_tokens + req.prompt_tokens
+        p = inst.limits.max_prefill_tokens
+        chunk = min(p, q)
+        decodes = [r for r in inst.running if r.status is RequestStatus.RUNNING and r.in_decode]
+        stats = BatchStats(
+            num_prefill_tokens=chunk,
+            num_prefill_seqs=1,
+            prefill_attn_work=chunk * chunk,
+            num_decode=len(decodes),
+            decode_context_sum=sum(r.num_computed_tokens for r in decodes),
+        )
+        per_iter = inst.cost_model.batch_time(stats)
+        return max(inst.busy_until - now, 0.0) + math.ceil(q / p) * per_iter

@@ -1,0 +1,356 @@
+"""Cluster routers: Filter → Scorer (min-max normalised, weighted) → Picker, or hold.
+
+A router gets a :class:`~sloserve.cluster.view.RouteRequest` and the read-only
+:class:`~sloserve.cluster.view.ClusterView` and returns a replica id, or a :class:`Hold`:
+the request then waits in the cluster's global queue, and the cluster asks again when a
+replica of that model frees room (a request there ends) or one joins or recovers (pull).
+Candidates are the replicas serving the request's model; the first filter always keeps
+only those that accept requests (status UP). No candidate left is a hold, never an error.
+
+Stages, as in the gateway's ``serve/routing.py`` (whose routers will move onto this view):
+
+1. **Filters** narrow the candidate list (accepting; ``max_outstanding``; the TTFT target;
+   power-of-two's seeded sample of two).
+2. **Scorers** give each candidate a raw cost (lower is better); each scorer's costs are
+   min-max normalised over the candidates and summed by weight. A non-finite cost counts
+   as the worst (1). A scorer on which every candidate is equal does not decide.
+3. A **picker** chooses: the lowest total score with ties broken in rotation (identical idle
+   replicas share the load rather than the first taking everything), the first candidate
+   (``pass-through``), a rotation (``round-robin``) or a seeded uniform draw (``random``).
+
+Choices where the papers are vague (all parameters, see :func:`make_router`):
+
+- ``least-outstanding`` is Vidur's LOR: fewest requests held (waiting + running + swapped).
+  With ``max_outstanding`` set it holds a request in the global queue when every replica
+  already has that many, and the cluster hands it out as soon as one has room.
+- ``jsq-tokens`` scores queued prompt tokens, with outstanding requests as a 0.1-weight
+  tie-break (with nothing to prefill anywhere, fewer decodes wins).
+- ``slo-aware`` keeps replicas whose predicted TTFT meets the request's TTFT target (all of
+  them when none does: whether to shed is admission's call, not the router's) and scores
+  the predicted TTFT (weight 1) and KV usage (``kv_weight``, 0.25). A replica without an
+  estimate scores non-finite (worst).
+- Randomised routers draw from a ``random.Random(seed)`` they own: runs are reproducible.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
+from sloserve.core.errors import ConfigError, UnknownNameError
+
+Filter = Callable[[RouteRequest, list[ReplicaView]], list[ReplicaView]]
+"""The candidates that remain for the request."""
+ScoreFn = Callable[[RouteRequest, ReplicaView], float]
+"""A candidate's raw cost for the request (lower is better), in any unit."""
+Picker = Callable[[list[ReplicaView], list[float]], ReplicaView]
+"""Chooses one candidate given the weighted normalised scores (same order)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep the request in the global queue; the cluster asks again when room frees up."""
+
+    reason: str
+
+
+Decision = int | Hold
+"""A replica id, or a hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scorer:
+    """One weighted criterion."""
+
+    name: str
+    fn: ScoreFn
+    weight: float = 1.0
+
+
+# ------------------------------------------------------------------------------ filters
+
+
+def accepting(req: RouteRequest, cand: list[ReplicaView]) -> list[ReplicaView]:
+    """Only replicas that take requests now (UP)."""
+    return [r for r in cand if r.status is ReplicaStatus.UP]
+
+
+def max_outstanding_filter(limit: int) -> Filter:
+    """Replicas holding fewer than ``limit`` requests."""
+
+    def below_limit(req: RouteRequest, cand: list[ReplicaView]) -> list[ReplicaView]:
+        return [r for r in cand if r.outstanding < limit]
+
+    return below_limit
+
+
+def ttft_target_filter(req: RouteRequest, cand: list[ReplicaView]) -> list[ReplicaView]:
+    """Replicas whose predicted TTFT meets the request's target (all if none does)."""
+    target = req.slo.ttft_s
+    if target is None:
+        return cand
+    ok = [r for r in cand if (p := r.predicted_ttft_s(req)) is not None and p <= target]
+    return ok or cand
+
+
+def sample_filter(rng: random.Random, k: int = 2) -> Filter:
+    """A seeded sample of ``k`` candidates (kept in replica order)."""
+
+    def sample(req: RouteRequest, cand: list[ReplicaView]) -> list[ReplicaView]:
+        if len(cand) <= k:
+            return cand
+        idx = sorted(rng.sample(range(len(cand)), k))
+        return [cand[i] for i in idx]
+
+    return sample
+
+
+# ------------------------------------------------------------------------------ scores
+
+
+def outstanding_score(req: RouteRequest, r: ReplicaView) -> float:
+    return float(r.outstanding)
+
+
+def queued_tokens_score(req: RouteRequest, r: ReplicaView) -> float:
+    return float(r.queued_prompt_tokens)
+
+
+def kv_score(req: RouteRequest, r: ReplicaView) -> float:
+    """KV usage (unknown counts as empty: no evidence of pressure)."""
+    return 0.0 if math.isnan(r.kv_usage) else r.kv_usage
+
+
+def ttft_score(req: RouteRequest, r: ReplicaView) -> float:
+    p = r.predicted_ttft_s(req)
+    return math.inf if p is None else p
+
+
+def normalised_scores(
+    req: RouteRequest, cand: Sequence[ReplicaView], scorers: Sequence[Scorer]
+) -> list[float]:
+    """Weighted sum over scorers of min-max normalised costs, one per candidate."""
+    total = [0.0] * len(cand)
+    for s in scorers:
+        raw = [float(s.fn(req, r)) for r in cand]
+        finite = [v for v in raw if math.isfinite(v)]
+        if not finite or (len(finite) == len(raw) and min(finite) == max(finite)):
+            continue
+        lo, hi = min(finite), max(finite)
+        span = hi - lo
+        for k, v in enumerate(raw):
+            if not math.isfinite(v):
+                total[k] += s.weight
+            elif span > 0:
+                total[k] += s.weight * (v - lo) / span
+    return total
+
+
+# ------------------------------------------------------------------------------ pickers
+
+
+def first_pick(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
+    return cand[0]
+
+
+def lowest_pick() -> Picker:
+    """Lowest score; ties are taken in rotation (deterministic)."""
+    turn = [0]
+
+    def lowest(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
+        best = min(scores)
+        tied = [c for c, s in zip(cand, scores, strict=True) if s <= best + 1e-12]
+        pick = tied[turn[0] % len(tied)]
+        turn[0] += 1
+        return pick
+
+    return lowest
+
+
+def rotation_pick() -> Picker:
+    """Per model, the first candidate after the last one picked (an unavailable replica is
+    skipped without shifting the others' turns)."""
+    last: dict[str, int] = {}
+
+    def rotate(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
+        prev = last.get(cand[0].model, -1)
+        nxt = next((c for c in cand if c.replica_id > prev), cand[0])
+        last[nxt.model] = nxt.replica_id
+        return nxt
+
+    return rotate
+
+
+def random_pick(rng: random.Random) -> Picker:
+    def draw(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
+        return cand[rng.randrange(len(cand))]
+
+    return draw
+
+
+# ------------------------------------------------------------------------------ routers
+
+
+class Router(ABC):
+    """Picks a replica for a request, or holds it. Extension point: subclass, or build a
+    :class:`PipelineRouter` and :func:`register_router` it."""
+
+    name: str = "router"
+
+    @abstractmethod
+    def route(self, req: RouteRequest, view: ClusterView) -> Decision:
+        """A replica id serving ``req.model`` that accepts requests, or a :class:`Hold`."""
+
+
+class PipelineRouter(Router):
+    """Filters, then weighted normalised scorers, then a picker (module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        filters: Sequence[Filter],
+        scorers: Sequence[Scorer],
+        picker: Picker,
+        *,
+        hold_reason: str = "no_candidate",
+    ) -> None:
+        self.name = name
+        self.filters = [accepting, *filters]
+        self.scorers = list(scorers)
+        self.picker = picker
+        self.hold_reason = hold_reason
+        """Why a request is held when a filter after ``accepting`` empties the list."""
+
+    def route(self, req: RouteRequest, view: ClusterView) -> Decision:
+        cand = list(view.serving(req.model))
+        for i, f in enumerate(self.filters):
+            cand = f(req, cand)
+            if not cand:
+                return Hold("no_replica" if i == 0 else self.hold_reason)
+        scores = normalised_scores(req, cand, self.scorers)
+        return self.picker(cand, scores).replica_id
+
+
+# ------------------------------------------------------------------------------ registry
+
+RouterFactory = Callable[..., Router]
+"""Keyword parameters (from ``router_params``) plus ``seed`` → a fresh router."""
+
+
+def _pass_through(seed: int) -> Router:
+    return PipelineRouter("pass-through", [], [], first_pick)
+
+
+def _random(seed: int) -> Router:
+    return PipelineRouter("random", [], [], random_pick(random.Random(seed)))
+
+
+def _round_robin(seed: int) -> Router:
+    return PipelineRouter("round-robin", [], [], rotation_pick())
+
+
+def _least_outstanding(seed: int, max_outstanding: int | None = None) -> Router:
+    if max_outstanding is not None and max_outstanding < 1:
+        raise ConfigError(f"router_params.max_outstanding must be >= 1, got {max_outstanding}")
+    filters = [] if max_outstanding is None else [max_outstanding_filter(max_outstanding)]
+    return PipelineRouter(
+        "least-outstanding",
+        filters,
+        [Scorer("outstanding", outstanding_score)],
+        lowest_pick(),
+        hold_reason="max_outstanding",
+    )
+
+
+def _jsq_tokens(seed: int, outstanding_weight: float = 0.1) -> Router:
+    return PipelineRouter(
+        "jsq-tokens",
+        [],
+        [
+            Scorer("queued_tokens", queued_tokens_score),
+            Scorer("outstanding", outstanding_score, outstanding_weight),
+        ],
+        lowest_pick(),
+    )
+
+
+def _power_of_two(seed: int) -> Router:
+    return PipelineRouter(
+        "power-of-two",
+        [sample_filter(random.Random(seed))],
+        [Scorer("outstanding", outstanding_score)],
+        lowest_pick(),
+    )
+
+
+def _least_kv(seed: int) -> Router:
+    return PipelineRouter("least-kv", [], [Scorer("kv", kv_score)], lowest_pick())
+
+
+def _slo_aware(seed: int, kv_weight: float = 0.25) -> Router:
+    return PipelineRouter(
+        "slo-aware",
+        [ttft_target_filter],
+        [Scorer("ttft", ttft_score), Scorer("kv", kv_score, kv_weight)],
+        lowest_pick(),
+    )
+
+
+_ROUTERS: dict[str, tuple[RouterFactory, str]] = {
+    "pass-through": (_pass_through, "the first accepting replica (one replica: itself)"),
+    "random": (_random, "uniform over accepting replicas, seeded"),
+    "round-robin": (_round_robin, "accepting replicas in turn"),
+    "least-outstanding": (
+        _least_outstanding,
+        "fewest requests held (Vidur's LOR); max_outstanding holds beyond it",
+    ),
+    "jsq-tokens": (_jsq_tokens, "join the shortest queue by prompt tokens still to prefill"),
+    "power-of-two": (_power_of_two, "the less loaded of two sampled replicas, seeded"),
+    "least-kv": (_least_kv, "lowest KV cache usage"),
+    "slo-aware": (_slo_aware, "lowest predicted TTFT among those meeting the TTFT target"),
+}
+
+
+def register_router(name: str, factory: RouterFactory, summary: str) -> None:
+    """Add a router (extension point); a name already taken is an error."""
+    if name in _ROUTERS:
+        raise ConfigError(f"router {name!r} is already registered")
+    _ROUTERS[name] = (factory, summary)
+
+
+def router_names() -> list[str]:
+    return sorted(_ROUTERS)
+
+
+def router_summaries() -> dict[str, str]:
+    return {n: _ROUTERS[n][1] for n in router_names()}
+
+
+def check_router(name: str, params: Mapping[str, Any] | None = None) -> RouterFactory:
+    """The factory of ``name`` after checking ``params`` names against it."""
+    try:
+        factory = _ROUTERS[name][0]
+    except KeyError:
+        raise UnknownNameError(
+            f"unknown router {name!r}; choose one of: {', '.join(router_names())}"
+        ) from None
+    try:
+        inspect.signature(factory).bind(seed=0, **dict(params or {}))
+    except TypeError:
+        allowed = [p for p in inspect.signature(factory).parameters if p != "seed"]
+        raise ConfigError(
+            f"router {name!r}: unknown parameter in {sorted(params or {})}; "
+            f"valid: {', '.join(allowed) or 'none'}"
+        ) from None
+    return factory
+
+
+def make_router(name: str, params: Mapping[str, Any] | None = None, *, seed: int = 0) -> Router:
+    """A fresh router by name (routers keep state: rotation pointers, RNGs)."""
+    return check_router(name, params)(seed=seed, **dict(params or {}))

@@ -1,0 +1,157 @@
+"""What a router sees of the cluster: a read-only :class:`ClusterView` of replicas.
+
+A router never touches an ``Instance``: it reads :class:`ReplicaView` objects, grouped by
+the model they serve. Two implementations of the same protocol exist so that one router
+object works on both clocks:
+
+- the simulated cluster's live views (``cluster/replica.py``), which read the replica's
+  queues when asked, so that nothing is computed for a replica no router looks at (the
+  predicted TTFT in particular is priced only when a router calls for it);
+- :class:`StaticReplica`, a frozen snapshot: hand-built views in tests, and what the
+  gateway will build from its scraped ``serve.backend.ReplicaState`` when it moves onto
+  this layer (``predicted_ttft_s`` then returns the backend's estimate, if any).
+
+Choices: a replica's ``status`` already includes the room a later milestone needs for
+model loading (:attr:`ReplicaStatus.LOADING`); only :attr:`ReplicaStatus.UP` replicas
+accept requests. ``outstanding`` counts what the replica holds (waiting + running +
+swapped) — in the gateway, the requests sent there and not yet ended. A request whose
+model is ``"default"`` (the workload named none) may be served by any replica.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sloserve.core.request import SLO, Request
+
+
+class ReplicaStatus(str, enum.Enum):
+    """A replica's lifecycle state, as routers and accounting see it."""
+
+    JOINING = "joining"
+    """Configured, not yet started (before its ``start_s``)."""
+    LOADING = "loading"
+    """Started, loading a model (reserved for the model-swap milestone)."""
+    UP = "up"
+    """Serving: the only state that accepts requests."""
+    DRAINING = "draining"
+    """Finishing what it holds, accepting nothing; leaves when empty."""
+    FAILED = "failed"
+    """Down; what it held went back to the global layer. May recover."""
+    LEFT = "left"
+    """Gone for good (drained, or failed while draining)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a router knows of a request: no output length (that stays hidden)."""
+
+    req_id: int | str
+    model: str
+    prompt_tokens: int
+    arrival: float = 0.0
+    slo: SLO = field(default_factory=SLO)
+    priority: int = 0
+
+    @classmethod
+    def of(cls, r: Request) -> RouteRequest:
+        return cls(r.req_id, r.model, r.num_prompt_tokens, r.arrival, r.slo, r.priority)
+
+
+class ReplicaView(Protocol):
+    """One replica as a router sees it (read-only; values are current when read)."""
+
+    @property
+    def replica_id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def status(self) -> ReplicaStatus: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
+    @property
+    def swapped(self) -> int: ...
+    @property
+    def outstanding(self) -> int: ...
+    @property
+    def queued_prompt_tokens(self) -> int:
+        """Tokens still to prefill (or refill) there before their first (next) token."""
+        ...
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV cache in use, 0..1 (``nan`` when unknown)."""
+        ...
+
+    def predicted_ttft_s(self, req: RouteRequest) -> float | None:
+        """The replica's estimate of ``req``'s TTFT if sent there now (None: no estimate)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StaticReplica:
+    """A snapshot :class:`ReplicaView` (tests, the gateway's scraped state)."""
+
+    replica_id: int
+    model: str = "default"
+    status: ReplicaStatus = ReplicaStatus.UP
+    running: int = 0
+    waiting: int = 0
+    swapped: int = 0
+    outstanding: int = 0
+    queued_prompt_tokens: int = 0
+    kv_usage: float = 0.0
+    ttft_s: float | None = None
+    """The fixed TTFT estimate :meth:`predicted_ttft_s` returns."""
+    name: str = ""
+
+    def predicted_ttft_s(self, req: RouteRequest) -> float | None:
+        return self.ttft_s
+
+
+class ClusterView:
+    """The replicas, by the model they serve, in replica-id order; read-only for routers.
+
+    The simulated cluster builds one view at the start and its live replica views stay
+    current, so routing costs nothing per event beyond the scoring itself.
+    """
+
+    def __init__(
+        self, replicas: Iterable[ReplicaView], clock: Callable[[], float] = lambda: 0.0
+    ) -> None:
+        self._by_model: dict[str, list[ReplicaView]] = {}
+        self._by_id: dict[int, ReplicaView] = {}
+        for r in sorted(replicas, key=lambda v: v.replica_id):
+            if r.replica_id in self._by_id:
+                raise ValueError(f"replica id {r.replica_id} appears twice in the view")
+            self._by_id[r.replica_id] = r
+            self._by_model.setdefault(r.model, []).append(r)
+        self._clock = clock
+
+    @property
+    def now(self) -> float:
+        return self._clock()
+
+    def serving(self, model: str) -> Sequence[ReplicaView]:
+        """Every replica (any status) that serves ``model``; a request that names no model
+        (``"default"``) may go to any replica unless some replica serves ``"default"``."""
+        found = self._by_model.get(model)
+        if found is not None:
+            return found
+        return list(self._by_id.values()) if model == "default" else ()
+
+    def models(self) -> list[str]:
+        return sorted(self._by_model)
+
+    def replica(self, replica_id: int) -> ReplicaView:
+        return self._by_id[replica_id]
+
+    def __len__(self) -> int:
+        return len(self._by_id)

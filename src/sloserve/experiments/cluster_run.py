@@ -1,0 +1,260 @@
+"""Simulated runs of a cluster: :func:`simulate_cluster` (the run's config plus a
+:class:`~sloserve.cluster.config.ClusterConfig`).
+
+A separate entry point rather than a ``cluster`` field on ``SimConfig``: the single-replica
+path (``runner.simulate``), its config schema and its summaries stay exactly as they are,
+and the CLI can map ``--replicas N --router X`` or a YAML ``cluster:`` section onto a
+``ClusterConfig`` and call this. A one-replica cluster with the ``pass-through`` router
+gives the single-replica run's table, trace and summary (plus the cluster's own columns
+and keys: the events are the same, in the same order).
+
+Choices: a group's unset policy parameters are the run's ``policy_params`` when the group
+runs the run's policy, else none. The router's seed is ``router_params.seed`` if given,
+else the workload's seed. The summary's single-replica keys describe the whole cluster:
+``iterations`` and ``scheduling_decisions`` are sums, ``busy_fraction`` is busy time over
+GPU-seconds; ``profile``, ``limits``, ``kv_capacity_tokens`` and ``policy_params`` are the
+replicas' common value (``None`` when they differ: see ``replicas``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sloserve.cluster.cluster import Cluster
+from sloserve.cluster.config import ClusterConfig
+from sloserve.cluster.replica import ReplicaSpec
+from sloserve.cluster.routing import make_router
+from sloserve.core.errors import ConfigError
+from sloserve.core.request import Request
+from sloserve.costmodel.profile import load_profile
+from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
+from sloserve.engine.instance import Instance
+from sloserve.experiments.runner import (
+    InstanceConfig,
+    RunResult,
+    SimConfig,
+    _BatchFeeder,
+    build_instance,
+    fresh,
+    workload_of,
+)
+from sloserve.metrics.summary import request_table, summarize
+from sloserve.workloads.spec import Workload
+
+
+@dataclass
+class ClusterRunResult(RunResult):
+    """A :class:`RunResult` whose requests may come from several instances."""
+
+    cluster: Cluster | None = field(default=None, repr=False)
+    iter_ends: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    """Iteration end times of every instance (incarnation), by instance id."""
+
+    def timeline(self, req_id: int) -> pd.DataFrame:
+        req = next((r for r in self.requests if r.req_id == req_id), None)
+        if req is None:
+            raise ConfigError(f"no request {req_id} in this run")
+        saved = self.iter_end
+        try:
+            self.iter_end = self.iter_ends.get(req.instance_id, np.empty(0))
+            return super().timeline(req_id)
+        finally:
+            self.iter_end = saved
+
+
+def _group_configs(cfg: SimConfig, ccfg: ClusterConfig) -> list[SimConfig]:
+    out: list[SimConfig] = []
+    for gi, g in enumerate(ccfg.replicas):
+        over = g.instance_overrides()
+        icfg = cfg.instance
+        if over:
+            try:
+                icfg = InstanceConfig.model_validate({**cfg.instance.model_dump(), **over})
+            except ValueError as e:
+                raise ConfigError(f"cluster.replicas.{gi}: {e}") from None
+        policy = g.policy or cfg.policy
+        if g.policy_params is not None:
+            params = g.policy_params
+        else:
+            params = cfg.policy_params if policy == cfg.policy else {}
+        out.append(
+            cfg.model_copy(update={"instance": icfg, "policy": policy, "policy_params": params})
+        )
+    return out
+
+
+def _common(values: Sequence[Any]) -> Any:
+    return values[0] if all(v == values[0] for v in values) else None
+
+
+def simulate_cluster(
+    cfg: SimConfig,
+    cluster: ClusterConfig | None = None,
+    requests: Sequence[Request] | Workload | None = None,
+    *,
+    check_invariants: bool = False,
+) -> ClusterRunResult:
+    """Run ``cfg``'s workload on the cluster ``cluster`` describes (default: one replica)."""
+    t0 = time.perf_counter()
+    ccfg = cluster or ClusterConfig()
+    ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
+    gcfgs = _group_configs(cfg, ccfg)
+    if isinstance(requests, Workload):
+        workload = requests
+    elif requests is not None:
+        workload = Workload(list(requests), [], cfg.workload.batch_jobs)
+    else:
+        workload = workload_of(cfg)
+    reqs = fresh(workload.requests)
+    groups = ccfg.group_of()
+    specs = []
+    for rid, gi in enumerate(groups):
+        g, gcfg = ccfg.replicas[gi], gcfgs[gi]
+        model = g.model or load_profile(gcfg.instance.profile).model.name
+        specs.append(ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s))
+    served = {s.model for s in specs}
+    unserved = sorted({r.model for r in reqs} - served - {"default"})
+    if unserved:
+        raise ConfigError(
+            f"workload: model {unserved[0]!r} is served by no replica "
+            f"(replica models: {', '.join(sorted(served))})"
+        )
+    env = Environment()
+
+    def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
+        return build_instance(
+            gcfgs[spec.group], env, check_invariants=check_invariants, instance_id=instance_id
+        )
+
+    rparams = dict(ccfg.router_params)
+    seed = int(rparams.pop("seed", cfg.workload.seed))
+    router = make_router(ccfg.router, rparams, seed=seed)
+    clu = Cluster(env, specs, make_instance, router)
+    for f in ccfg.failures:
+        clu.schedule_failure(f.replica, f.at_s, f.recover_s)
+    for d in ccfg.drains:
+        clu.schedule_drain(d.replica, d.at_s)
+    feeder = _BatchFeeder(cfg, workload.batch_jobs, env, clu, reqs) if workload.batch_jobs else None
+    feed: Iterator[Request] = iter(reqs)
+
+    def arrive(r: Request) -> None:  # the same event chain as runner.simulate
+        clu.add_request(r)
+        nxt = next(feed, None)
+        if nxt is not None:
+            env.schedule(nxt.arrival, lambda: arrive(nxt), PRIO_ARRIVAL)
+
+    first = next(feed, None)
+    if first is not None:
+        env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
+    horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
+    if horizon != math.inf:
+        env.schedule(horizon, lambda: None, PRIO_CONTROL)
+    env.run(until=horizon)
+    left = clu.close(horizon)
+    if feeder is not None:
+        reqs = reqs + feeder.submitted
+    reqs = [r for r in reqs if r.req_id in clu.ended]
+    sim_s = (
+        horizon
+        if left and horizon != math.inf
+        else max([r.finish_time or 0.0 for r in reqs] + [0.0])
+    )
+    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0)
+
+
+def _result(
+    cfg: SimConfig,
+    ccfg: ClusterConfig,
+    clu: Cluster,
+    reqs: list[Request],
+    sim_s: float,
+    workload: Workload,
+    feeder: _BatchFeeder | None,
+    t0: float,
+) -> ClusterRunResult:
+    incs = [(rep, inst) for rep in clu.replicas for inst in rep.incarnations]
+    iter_ends = {inst.instance_id: np.asarray(inst.iter_end, dtype=np.float64) for _, inst in incs}
+    replica_of = {inst.instance_id: rep.replica_id for rep, inst in incs}
+    table = request_table(reqs, {**iter_ends, -1: np.empty(0)})
+    if len(table):
+        table["replica"] = [replica_of.get(i, -1) for i in table["instance"]]
+        table["failovers"] = [r.num_failovers for r in reqs]
+        table["abort_reason"] = [clu.abort_reasons.get(r.req_id, "") for r in reqs]
+    traces = []
+    for rep, inst in incs:
+        tr = pd.DataFrame(
+            {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
+        )
+        if len(tr):
+            tr["kv_usage"] = tr["kv_used_blocks"] / inst.kv.num_blocks
+        tr["replica"] = rep.replica_id
+        tr["instance"] = inst.instance_id
+        traces.append(tr)
+    trace = pd.concat(traces, ignore_index=True) if len(traces) > 1 else traces[0]
+    if len(traces) > 1:
+        trace = trace.sort_values("time", kind="stable").reset_index(drop=True)
+    gpu = [rep.gpu_seconds(sim_s) for rep in clu.replicas]
+    busy = sum(rep.busy_seconds() for rep in clu.replicas)
+    insts = [inst for _, inst in incs]
+    first = [rep.incarnations[0] for rep in clu.replicas if rep.incarnations]
+    policies = list(dict.fromkeys(rep.spec.policy for rep in clu.replicas))
+    extra: dict[str, Any] = {
+        "iterations": sum(len(i.iter_end) for i in insts),
+        "scheduling_decisions": sum(len(i.trace.time) for i in insts),
+        "busy_fraction": busy / sum(gpu) if sum(gpu) > 0 else None,
+        "kv_capacity_tokens": _common([i.limits.kv_capacity_tokens for i in first]),
+        "limits": _common([dataclasses.asdict(i.limits) for i in first]),
+        "profile": _common([rep.spec.profile for rep in clu.replicas]),
+        "predictor": cfg.instance.predictor,
+        "policy_params": _common([i.scheduler.describe() for i in first]),
+        "seed": cfg.workload.seed,
+        "workload_notes": workload.notes
+        + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
+    }
+    summary = summarize(
+        table,
+        simulated_seconds=sim_s,
+        wall_seconds=time.perf_counter() - t0,
+        policy=policies[0] if len(policies) == 1 else "+".join(policies),
+        extra=extra,
+    )
+    summary["router"] = ccfg.router
+    summary["gpu_seconds"] = float(sum(gpu))
+    summary["replicas"] = [
+        {
+            "replica": rep.replica_id,
+            "profile": rep.spec.profile,
+            "policy": rep.spec.policy,
+            "model": rep.spec.model,
+            "served": rep.served,
+            "utilisation": rep.busy_seconds() / g if g > 0 else None,
+            "kv_usage_mean": rep.kv_usage_mean(),
+            "preemptions": rep.preemptions(),
+            "gpu_seconds": g,
+            "failures": rep.failures,
+            "status": rep.status.value,
+        }
+        for rep, g in zip(clu.replicas, gpu, strict=True)
+    ]
+    summary["holds"] = dict(sorted(clu.holds.items()))
+    summary["aborted_by_reason"] = dict(sorted(Counter(clu.abort_reasons.values()).items()))
+    summary["failovers"] = int(sum(r.num_failovers for r in reqs))
+    if len(table) and (table["model"] != "default").any():
+        summary["slo_attainment_by_model"] = {
+            str(m): (float(v.mean()) if len(v := g["slo_ok"].dropna()) else None)
+            for m, g in table.groupby("model", sort=True)
+        }
+    summary["wall_seconds"] = time.perf_counter() - t0
+    iter_end = iter_ends.get(0, np.empty(0))
+    return ClusterRunResult(
+        cfg, reqs, table, summary, trace, iter_end, cluster=clu, iter_ends=iter_ends
+    )
