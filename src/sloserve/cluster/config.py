@@ -17,9 +17,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sloserve.cluster.routing import check_router
+from sloserve.config import validate
 from sloserve.core.errors import ConfigError
 from sloserve.costmodel.profile import load_profile
 from sloserve.policies.registry import make_policy
@@ -108,16 +109,8 @@ class ClusterConfig(BaseModel):
     @classmethod
     def load(cls, data: Mapping[str, Any], source: str = "cluster") -> ClusterConfig:
         """Validate a mapping (a YAML ``cluster:`` section); one-line ConfigError."""
-        try:
-            return cls.model_validate(dict(data))
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(x) for x in err["loc"])
-            if err["type"] == "extra_forbidden":
-                raise ConfigError(f"{source}: unknown key {loc!r}") from None
-            got = err.get("input")
-            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-            raise ConfigError(f"{source}: {loc}: {err['msg']}{shown}") from None
+        cfg: ClusterConfig = validate(cls, data, source)
+        return cfg
 
     @property
     def num_replicas(self) -> int:
