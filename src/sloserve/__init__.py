@@ -50,11 +50,12 @@ _EXPORTS: dict[str, str] = {
     "ReplicaProfile": "sloserve.costmodel.profile",
     "load_profile": "sloserve.costmodel.profile",
     "profile_names": "sloserve.costmodel.profile",
-    # routing
-    "Router": "sloserve.serve.backend",
-    "register_router": "sloserve.serve.routing",
-    "make_router": "sloserve.serve.routing",
-    "router_names": "sloserve.serve.routing",
+    # clusters and routing
+    "ClusterConfig": "sloserve.cluster.config",
+    "Router": "sloserve.cluster.routing",
+    "register_router": "sloserve.cluster.routing",
+    "make_router": "sloserve.cluster.routing",
+    "router_names": "sloserve.cluster.routing",
     # errors
     "SloserveError": "sloserve.core.errors",
     "ConfigError": "sloserve.core.errors",
@@ -67,6 +68,7 @@ _RENAMED = {"register_policy": "register"}
 
 __all__ = [
     "BatchStats",
+    "ClusterConfig",
     "ConfigError",
     "ConstantCostModel",
     "CostModel",
@@ -118,6 +120,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and the API docs; at run time names load lazily
     from sloserve.api import compare, load_config, simulate
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.cluster.routing import Router, make_router, register_router, router_names
     from sloserve.core.errors import (
         ConfigError,
         SchedulerViolation,
@@ -140,6 +144,4 @@ if TYPE_CHECKING:  # for type checkers and the API docs; at run time names load 
     from sloserve.experiments.runner import InstanceConfig, RunResult, SimConfig
     from sloserve.policies.registry import make_policy, policy_names
     from sloserve.policies.registry import register as register_policy
-    from sloserve.serve.backend import Router
-    from sloserve.serve.routing import make_router, register_router, router_names
     from sloserve.workloads.spec import WorkloadSpec

@@ -1,6 +1,7 @@
-"""CLI commands: ``policies`` and ``profiles`` (registered on import by ``sloserve.cli``).
+"""CLI commands: ``policies``, ``routers`` and ``profiles`` (registered by ``sloserve.cli``).
 
-The catalogs a user picks from: the scheduling policies and the built-in replica profiles.
+The catalogs a user picks from: the scheduling policies, the cluster routers and the
+built-in replica profiles.
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ def list_policies() -> None:
     t = Table("policy", "what it is")
     t.columns[0].no_wrap = True
     for name, summary in policy_summaries().items():
+        t.add_row(name, summary)
+    console.print(t)
+
+
+@app.command("routers")
+def list_routers() -> None:
+    """List the cluster routers (for --router / --routers and cluster.router)."""
+    from sloserve.cluster.routing import router_summaries
+
+    t = Table("router", "how it picks")
+    t.columns[0].no_wrap = True
+    for name, summary in router_summaries().items():
         t.add_row(name, summary)
     console.print(t)
 

@@ -22,8 +22,11 @@ from sloserve.cli._app import (
     DurationOpt,
     OutOpt,
     RateOpt,
+    ReplicasOpt,
+    RouterOpt,
     SeedOpt,
     _build_config,
+    _cluster_config,
     _with_flags,
     app,
     console,
@@ -32,12 +35,12 @@ from sloserve.config import builtin_config
 from sloserve.core.errors import SloserveError
 
 
-def _summary_table(results: dict[str, Any], title: str) -> Table:
+def _summary_table(results: dict[str, Any], title: str, label: str = "policy") -> Table:
     from sloserve.experiments.report import SUMMARY_COLUMNS, summary_rows
 
     table = Table(title=title, show_lines=False)
     # Narrow terminals: numbers and headers fold onto more lines, names never get cut.
-    table.add_column("policy", style="bold", no_wrap=True)
+    table.add_column(label, style="bold", no_wrap=True)
     for _k, header, _f in SUMMARY_COLUMNS:
         table.add_column(header, justify="right", overflow="fold")
     for row in summary_rows(results):
@@ -54,14 +57,18 @@ def simulate(
     ] = None,
     out: OutOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary only.")] = False,
+    replicas: ReplicasOpt = None,
+    router: RouterOpt = None,
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Simulate one policy on one replica and print its summary."""
+    """Simulate one policy on one replica (or a cluster: --replicas, --router, or a YAML
+    'cluster:' section) and print its summary."""
     from sloserve.experiments.report import jsonable, write_report
     from sloserve.experiments.runner import simulate as run_one
 
     cfg, listed = _build_config({}, config, flags)
+    cluster, _routers = _cluster_config(config, replicas, router, single=True)
     if policy is not None:
         cfg = cfg.model_copy(update={"policy": policy})
     elif listed is not None:
@@ -72,7 +79,12 @@ def simulate(
     from sloserve.policies.registry import make_policy
 
     make_policy(cfg.policy, cfg.policy_params)
-    result = run_one(cfg)
+    if cluster is None:
+        result = run_one(cfg)
+    else:
+        from sloserve.experiments.cluster_run import simulate_cluster
+
+        result = simulate_cluster(cfg, cluster)
     if out is not None:
         write_report({cfg.policy: result}, out)
     if as_json:
@@ -85,9 +97,37 @@ def simulate(
             f"{result.summary['simulated_seconds']:.0f} s simulated",
         )
     )
+    if cluster is not None:
+        console.print(_replica_table(result.summary))
     _note_rejections({cfg.policy: result})
     if out is not None:
         console.print(f"report written to {out}")
+
+
+def _replica_table(summary: dict[str, Any]) -> Table:
+    """One row per replica of a cluster run: what it served and how busy it was."""
+    t = Table(title=f"{len(summary['replicas'])} replicas, router {summary.get('router')}")
+    for col in ("replica", "profile", "policy", "model"):
+        t.add_column(col, no_wrap=col == "replica")
+    for col in ("served", "busy", "KV mean", "preempt", "GPU-s"):
+        t.add_column(col, justify="right")
+    for r in summary["replicas"]:
+        t.add_row(
+            str(r["replica"]),
+            str(r["profile"]),
+            str(r["policy"]),
+            str(r["model"]),
+            str(r["served"]),
+            f"{r['utilisation']:.0%}" if r.get("utilisation") is not None else "-",
+            f"{r['kv_usage_mean']:.0%}" if r.get("kv_usage_mean") is not None else "-",
+            str(r["preemptions"]),
+            f"{r['gpu_seconds']:.0f}",
+        )
+    return t
+
+
+def _split(value: str | None) -> list[str] | None:
+    return [p.strip() for p in value.split(",") if p.strip()] if value else None
 
 
 def _compare(
@@ -97,16 +137,35 @@ def _compare(
     policies: str | None,
     out: Path | None,
     as_json: bool,
+    replicas: int | None = None,
+    router: str | None = None,
+    routers: str | None = None,
 ) -> None:
     from sloserve.experiments.report import jsonable, write_report
     from sloserve.experiments.runner import compare as run_many
 
     cfg, listed = _build_config(base, config, flags)
-    names = [p.strip() for p in policies.split(",") if p.strip()] if policies else listed
-    if not names:
-        raise SloserveError("no policies given: use --policies a,b or 'policies:' in the config")
-    with console.status(f"simulating {len(names)} policies…") if not as_json else _null():
-        results = run_many(cfg, names)
+    cluster, yaml_routers = _cluster_config(config, replicas, router)
+    router_list = _split(routers) or (None if router is not None else yaml_routers)
+    names = _split(policies) or listed
+    label = "policy"
+    if router_list is None:
+        if not names:
+            raise SloserveError(
+                "no policies given: use --policies a,b or 'policies:' in the config"
+            )
+        with console.status(f"simulating {len(names)} policies…") if not as_json else _null():
+            if cluster is None:
+                results = run_many(cfg, names)
+            else:
+                results = _compare_cluster(cfg, cluster, names, [cluster.router])
+    else:
+        assert cluster is not None  # a router list makes a cluster
+        names = names or [cfg.policy]
+        label = "router" if len(names) == 1 else "policy / router"
+        runs = len(names) * len(router_list)
+        with console.status(f"simulating {runs} runs…") if not as_json else _null():
+            results = _compare_cluster(cfg, cluster, names, router_list)
     if out is not None:
         write_report(results, out)
     if as_json:
@@ -116,11 +175,38 @@ def _compare(
         return
     first = next(iter(results.values()))
     console.print(
-        _summary_table(results, f"{len(first.requests)} requests, same arrivals for every policy")
+        _summary_table(
+            results, f"{len(first.requests)} requests, same arrivals for every run", label
+        )
     )
     _note_rejections(results)
     if out is not None:
         console.print(f"report written to {out}")
+
+
+def _compare_cluster(
+    cfg: Any, cluster: Any, policies: list[str], routers: list[str]
+) -> dict[str, Any]:
+    """Every (policy, router) on the very same requests; keys name what varies."""
+    from sloserve.cluster.routing import check_router
+    from sloserve.experiments.cluster_run import simulate_cluster
+    from sloserve.experiments.runner import check_policies, workload_of
+
+    check_policies(cfg, policies)  # fail before running anything
+    dup = sorted({r for r in routers if routers.count(r) > 1})
+    if dup:
+        raise SloserveError(f"router listed twice: {', '.join(dup)}")
+    for r in routers:
+        check_router(r, cluster.router_params if r == cluster.router else None)
+    workload = workload_of(cfg)
+    results: dict[str, Any] = {}
+    for p in policies:
+        for r in routers:
+            key = p if len(routers) == 1 else r if len(policies) == 1 else f"{p} / {r}"
+            params = cluster.router_params if r == cluster.router else {}
+            ccfg = cluster.model_copy(update={"router": r, "router_params": params})
+            results[key] = simulate_cluster(cfg.model_copy(update={"policy": p}), ccfg, workload)
+    return results
 
 
 def _note_rejections(results: dict[str, Any]) -> None:
@@ -151,11 +237,21 @@ def compare(
     ] = None,
     out: OutOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summaries only.")] = False,
+    replicas: ReplicasOpt = None,
+    router: RouterOpt = None,
+    routers: Annotated[
+        str | None,
+        typer.Option(
+            "--routers",
+            help="Comma-separated cluster routers to compare (each with every policy).",
+        ),
+    ] = None,
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Compare policies on the very same requests; print a table, optionally write a report."""
-    _compare({}, config, flags, policies, out, as_json)
+    """Compare policies (or cluster routers) on the very same requests; print a table,
+    optionally write a report."""
+    _compare({}, config, flags, policies, out, as_json, replicas, router, routers)
 
 
 @app.command()

@@ -31,7 +31,9 @@ class ReplicaGroup(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    count: int = Field(default=1, ge=1, description="number of replicas in the group")
+    count: int = Field(
+        default=1, ge=1, le=65_536, description="number of replicas in the group"
+    )
     profile: str | None = Field(
         default=None, description="hardware profile (name or YAML path); unset: the run's"
     )

@@ -268,6 +268,17 @@ def _least_outstanding(seed: int, max_outstanding: int | None = None) -> Router:
     )
 
 
+def _least_loaded(seed: int, kv_weight: float = 0.25) -> Router:
+    # The gateway's least-loaded: requests held, with KV usage breaking near-ties so that
+    # among equally loaded replicas the one with more free KV (fewer preemptions) wins.
+    return PipelineRouter(
+        "least-loaded",
+        [],
+        [Scorer("outstanding", outstanding_score), Scorer("kv", kv_score, kv_weight)],
+        lowest_pick(),
+    )
+
+
 def _jsq_tokens(seed: int, outstanding_weight: float = 0.1) -> Router:
     return PipelineRouter(
         "jsq-tokens",
@@ -310,6 +321,7 @@ _ROUTERS: dict[str, tuple[RouterFactory, str]] = {
         _least_outstanding,
         "fewest requests held (Vidur's LOR); max_outstanding holds beyond it",
     ),
+    "least-loaded": (_least_loaded, "fewest requests held, then lowest KV usage (weight 0.25)"),
     "jsq-tokens": (_jsq_tokens, "join the shortest queue by prompt tokens still to prefill"),
     "power-of-two": (_power_of_two, "the less loaded of two sampled replicas, seeded"),
     "least-kv": (_least_kv, "lowest KV cache usage"),
@@ -325,10 +337,12 @@ def register_router(name: str, factory: RouterFactory, summary: str) -> None:
 
 
 def router_names() -> list[str]:
+    """The names :func:`make_router` accepts, sorted."""
     return sorted(_ROUTERS)
 
 
 def router_summaries() -> dict[str, str]:
+    """One line per router, by name (``sloserve routers`` prints them)."""
     return {n: _ROUTERS[n][1] for n in router_names()}
 
 

@@ -356,15 +356,21 @@ class _BatchFeeder:
             self.env.schedule(at, functools.partial(self.inst.add_request, r), PRIO_ARRIVAL)
 
 
-def compare(cfg: SimConfig, policies: Sequence[str]) -> dict[str, RunResult]:
-    """Run each policy on the very same requests."""
+def check_policies(cfg: SimConfig, policies: Sequence[str]) -> None:
+    """Fail before running anything: no policy, one listed twice, or an unknown one (the
+    config's ``policy_params`` apply to every policy)."""
     if not policies:
         raise ConfigError("compare needs at least one policy")
     dup = {p for p in policies if list(policies).count(p) > 1}
     if dup:
         raise ConfigError(f"policy listed twice: {', '.join(sorted(dup))}")
-    for p in policies:  # fail before running anything; params apply to every policy
+    for p in policies:
         make_policy(p, cfg.policy_params)
+
+
+def compare(cfg: SimConfig, policies: Sequence[str]) -> dict[str, RunResult]:
+    """Run each policy on the very same requests."""
+    check_policies(cfg, policies)
     workload = workload_of(cfg)
     return {p: simulate(cfg.model_copy(update={"policy": p}), workload) for p in policies}
 
