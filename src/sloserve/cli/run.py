@@ -176,7 +176,10 @@ def _compare(
     first = next(iter(results.values()))
     console.print(
         _summary_table(
-            results, f"{len(first.requests)} requests, same arrivals for every run", label
+            results,
+            f"{len(first.requests)} requests, same arrivals for every "
+            + ("run" if "/" in label else label),
+            label,
         )
     )
     _note_rejections(results)
