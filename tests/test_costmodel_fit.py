@@ -56,6 +56,94 @@ def test_relative_lstsq_recovers_exact_line_and_respects_nonneg() -> None:
     assert coef[1] == 0.0 and coef[0] > 0
 
 
+def _drop_most_negative_lstsq(x: np.ndarray, y: np.ndarray, nonneg: list[bool]) -> np.ndarray:
+    """A frozen copy of the routine relative_lstsq used before BVLS: while a constrained
+    coefficient is negative, fix the most negative at 0 and refit the rest (never re-adding
+    one)."""
+    k = x.shape[1]
+    w = 1.0 / y
+    active = list(range(k))
+    coef = np.zeros(k)
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
+        coef = np.zeros(k)
+        coef[active] = sol
+        bad = [j for j in active if nonneg[j] and coef[j] < 0]
+        if not bad:
+            return coef
+        active.remove(min(bad, key=lambda j: coef[j]))
+    return coef
+
+
+def _rel_loss(x: np.ndarray, y: np.ndarray, c: np.ndarray) -> float:
+    return float(np.sum(((x @ c - y) / y) ** 2))
+
+
+def _best_by_enumeration(x: np.ndarray, y: np.ndarray) -> float:
+    """The exact non-negative optimum: the best feasible unconstrained fit over every subset
+    of free columns (the optimum is one of them), so the test trusts no solver."""
+    import itertools
+
+    k = x.shape[1]
+    w = 1.0 / y
+    best = _rel_loss(x, y, np.zeros(k))
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            sol, *_ = np.linalg.lstsq(x[:, cols] * w[:, None], y * w, rcond=None)
+            if np.all(sol >= 0):
+                c = np.zeros(k)
+                c[list(cols)] = sol
+                best = min(best, _rel_loss(x, y, c))
+    return best
+
+
+# Row-scaled design (x / y) with columns 1 and 2 nearly collinear (correlation -0.98): the
+# unconstrained fit is (2.19, -1.84, -1.60). Dropping column 1 (the most negative) leaves
+# column 2 negative too, so the old routine ends with column 0 alone; the bounded optimum
+# keeps column 1 and drops column 2, with a quarter of the loss.
+_COLLINEAR = [
+    [0.415, 0.665, -1.239],
+    [-0.241, 0.872, -1.936],
+    [-0.17, 0.344, -1.057],
+    [0.686, -0.552, 1.074],
+    [0.412, 0.067, 0.203],
+    [0.757, -0.164, 0.632],
+    [-0.062, 0.676, -1.315],
+    [-0.202, 0.808, -1.696],
+]
+
+
+def test_relative_lstsq_is_the_bounded_optimum_where_dropping_terms_loses() -> None:
+    y = np.linspace(1.0, 2.4, 8)
+    x = np.asarray(_COLLINEAR) * y[:, None]
+    assert abs(np.corrcoef(x.T / y)[1, 2]) > 0.97
+    new = relative_lstsq(x, y, [True, True, True])
+    old = _drop_most_negative_lstsq(x, y, [True, True, True])
+    assert np.all(new >= 0)
+    assert _rel_loss(x, y, new) == pytest.approx(_best_by_enumeration(x, y), rel=1e-9)
+    assert _rel_loss(x, y, old) > 3.5 * _rel_loss(x, y, new)
+    assert new[1] > 0 and new[2] == 0.0  # the term the old routine dropped is the one kept
+
+
+def test_relative_lstsq_matches_the_exact_optimum_on_random_collinear_data() -> None:
+    rng = np.random.default_rng(7)
+    worse = 0
+    for _ in range(200):
+        a = rng.standard_normal((10, 4))
+        a[:, 2] = -a[:, 1] + 0.05 * rng.standard_normal(10)
+        y = rng.uniform(0.5, 2.0, 10)
+        x = a * y[:, None]
+        new = relative_lstsq(x, y, [True] * 4)
+        assert np.all(new >= 0)
+        best = _best_by_enumeration(x, y)
+        assert _rel_loss(x, y, new) == pytest.approx(best, rel=1e-7, abs=1e-12)
+        old = _drop_most_negative_lstsq(x, y, [True] * 4)
+        # the old routine could even end infeasible (its last term negative)
+        if np.any(old < 0) or _rel_loss(x, y, old) > best * (1 + 1e-6) + 1e-12:
+            worse += 1
+    assert worse > 0
+
+
 def test_fit_floor_line_recovers_a_synthetic_max_form() -> None:
     truth = FloorLine(floor=10.0, intercept=2.0, slope=0.25)
     x = np.arange(1.0, 400.0, 3.0)

@@ -2,7 +2,7 @@
 
 ``_app`` holds the typer app, the ``reproduce`` group, the options shared by several
 commands and ``main``; each other module here adds one command family to it when imported
-(``run``: simulate, compare, demo; ``workload``; ``costmodel``: the costmodel group and
+(``run``: simulate, compare, demo; ``sweep``; ``workload``; ``costmodel``: the costmodel group and
 profile; ``catalog``: policies, profiles; ``optimal``; ``serve``; the papers' ``reproduce``
 commands). Importing this package therefore registers every command, whichever entry point
 is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
@@ -13,6 +13,7 @@ is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
 # isort: off
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
     run,
+    sweep,
     workload,
     costmodel,
     catalog,

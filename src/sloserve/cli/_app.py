@@ -188,6 +188,16 @@ CostOpt = Annotated[
 HorizonOpt = Annotated[
     float | None, typer.Option("--horizon", help="Abort requests still live at this time (s).")
 ]
+ExecutorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--executor",
+        metavar="local|ray",
+        help="Where the simulations run: local processes, or Ray tasks (on $RAY_ADDRESS's "
+        "cluster, else a local Ray; needs the 'ray' extra). Default: ray when $RAY_ADDRESS "
+        "is set, else local.",
+    ),
+]
 OutOpt = Annotated[
     Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")
 ]

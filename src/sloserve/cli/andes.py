@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import console, reproduce_app
+from sloserve.cli._app import ExecutorOpt, console, reproduce_app
 
 
 @reproduce_app.command("andes")
@@ -23,6 +23,7 @@ def reproduce_andes(
     workers: Annotated[
         int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
     ] = None,
+    executor: ExecutorOpt = None,
     burstgpt: Annotated[
         Path | None,
         typer.Option("--burstgpt", help="Also replay this BurstGPT CSV (§6.2) for every policy."),
@@ -31,9 +32,10 @@ def reproduce_andes(
     """Andes §6.3–6.4: cyclic bursts (intensity, duration), Poisson load, and the refiner,
     solver and Δt ablations; plots, a table and the headline numbers beside the paper's."""
     from sloserve.experiments.andes import PAPER, Plan, reproduce, summary_table
+    from sloserve.experiments.executor import make_executor
 
     plan = Plan.quick(seed) if quick else Plan.full(seed)
-    with console.status("simulating…") as status:
+    with make_executor(executor, workers) as ex, console.status("simulating…") as status:
 
         def progress(done: int, total: int) -> None:
             status.update(f"simulating… {done}/{total} runs")
@@ -42,6 +44,7 @@ def reproduce_andes(
             plan,
             out,
             workers=workers,
+            executor=ex,
             progress=progress,
             burstgpt=str(burstgpt) if burstgpt is not None else None,
         )

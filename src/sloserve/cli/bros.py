@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import console, reproduce_app
+from sloserve.cli._app import ExecutorOpt, console, reproduce_app
 from sloserve.core.errors import ConfigError
 
 
@@ -52,6 +52,7 @@ def reproduce_bros(
     workers: Annotated[
         int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
     ] = None,
+    executor: ExecutorOpt = None,
     policies: Annotated[
         str | None,
         typer.Option(
@@ -148,12 +149,16 @@ def reproduce_bros(
     if be_batch_seconds is not None:
         plan = replace(plan, be_batch_s=be_batch_seconds, be_batch_size=None)
 
-    with console.status("simulating…") as status:
+    from sloserve.experiments.executor import make_executor
+
+    with make_executor(executor, workers) as ex, console.status("simulating…") as status:
 
         def progress(done: int, total: int) -> None:
             status.update(f"simulating… {done}/{total} runs")
 
-        rep = reproduce(plan, out, workers=workers, progress=progress, keep_going=keep_going)
+        rep = reproduce(
+            plan, out, workers=workers, progress=progress, keep_going=keep_going, executor=ex
+        )
     if len(rep.results):
         table = summary_table(rep.results)
         present = set(table.index.get_level_values("experiment"))

@@ -33,6 +33,7 @@ from rich.table import Table
 from sloserve.cli._app import (
     _WORKLOAD_FLAGS,
     ConfigOpt,
+    ExecutorOpt,
     _build_config,
     _with_flags,
     app,
@@ -327,6 +328,7 @@ def reproduce_infermax(
             "--workers", min=1, help="Parallel processes, and CP-SAT workers (default: cores)."
         ),
     ] = None,
+    executor: ExecutorOpt = None,
     profile: Annotated[
         str, typer.Option("--profile", help="Replica profile (the paper: Llama-2-7B on A100).")
     ] = "llama-2-7b-a100",
@@ -357,14 +359,19 @@ def reproduce_infermax(
             raise ConfigError(f"--csp-time-limit must be > 0, got {csp_time_limit}")
         changes["csp_time_limit_s"] = csp_time_limit
     plan = replace(plan, **changes)  # type: ignore[arg-type]
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
+    from sloserve.experiments.executor import make_executor
+
+    with (
+        make_executor(executor, workers) as ex,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar,
+    ):
         tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -372,7 +379,7 @@ def reproduce_infermax(
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done, total=total)
 
-        rep = reproduce(plan, out, workers=workers, progress=progress)
+        rep = reproduce(plan, out, workers=workers, progress=progress, executor=ex)
     t = Table("§", "finding", "paper", "ours", title="InferMax: the paper's findings and ours")
     for r in rep.findings.itertuples(index=False):
         t.add_row(str(r.section), str(r.finding), str(r.paper), str(r.ours))

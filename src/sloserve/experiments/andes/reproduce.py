@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +31,7 @@ import pandas as pd
 from sloserve.core.errors import ConfigError
 from sloserve.experiments.andes.figures import plot
 from sloserve.experiments.andes.plan import POLICIES, Plan, Run, Scenario, burstgpt_runs, plan_runs
+from sloserve.experiments.executor import Executor, as_executor
 from sloserve.experiments.report import jsonable
 from sloserve.experiments.runner import saturation_throughput, simulate
 
@@ -173,9 +172,12 @@ def reproduce(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     burstgpt: str | None = None,
+    executor: Executor | str | None = None,
 ) -> Reproduction:
-    """Run the grid (in parallel processes), write results, plots and the headline table.
-    With ``burstgpt`` (a BurstGPT CSV), also replay that real trace for every policy."""
+    """Run the grid (on ``executor``: an :class:`~sloserve.experiments.executor.Executor`
+    or its name, default local processes, ``workers`` of them), write results, plots and
+    the headline table. With ``burstgpt`` (a BurstGPT CSV), also replay that real trace for
+    every policy."""
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -190,20 +192,19 @@ def reproduce(
 
         load_burstgpt(burstgpt)  # fail now, with the file's own error, not in a worker
         runs += burstgpt_runs(plan, burstgpt)
-    rows: list[dict[str, Any]] = []
-    n_workers = workers or max(1, min(len(runs), os.cpu_count() or 1))
-    if n_workers == 1:
-        for i, r in enumerate(runs):
-            rows.append(execute(r))
-            if progress:
-                progress(i + 1, len(runs))
-    else:
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            futures = [pool.submit(execute, r) for r in runs]
-            for i, f in enumerate(futures):
-                rows.append(f.result())
-                if progress:
-                    progress(i + 1, len(runs))
+    ex, owned = as_executor(executor, workers)
+
+    def on_done(k: int, _row: dict[str, Any]) -> None:
+        done[0] += 1
+        if progress:
+            progress(done[0], len(runs))
+
+    done = [0]
+    try:
+        rows = ex.map(execute, runs, on_done=on_done)
+    finally:
+        if owned:
+            ex.close()
     results = pd.DataFrame(rows)
     results.to_parquet(out_dir / "results.parquet", index=False)
     cap = {f"{sc.profile}/{sc.mix}": v for sc, v in capacity.items()}

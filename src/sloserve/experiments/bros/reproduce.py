@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ from sloserve.experiments.bros.plan import (
     rt_capacity,
     validate_plan,
 )
+from sloserve.experiments.executor import Executor, LocalExecutor, as_executor
 from sloserve.experiments.report import jsonable
 from sloserve.experiments.runner import RunResult, simulate
 from sloserve.metrics.summary import token_times
@@ -322,25 +321,6 @@ class Reproduction:
     """Runs that failed (only with ``keep_going``), each a one-line message."""
 
 
-def _map(
-    fn: Callable[[Any], dict[str, Any]],
-    jobs: Sequence[Any],
-    pool: ProcessPoolExecutor | None,
-    tick: Callable[[], None],
-) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    if pool is None:
-        for j in jobs:
-            rows.append(fn(j))
-            tick()
-        return rows
-    futures = [pool.submit(fn, j) for j in jobs]
-    for f in futures:
-        rows.append(f.result())
-        tick()
-    return rows
-
-
 def reproduce(
     plan: Plan,
     out: str | Path,
@@ -348,8 +328,11 @@ def reproduce(
     workers: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     keep_going: bool = False,
+    executor: Executor | str | None = None,
 ) -> Reproduction:
-    """Run the grid (in parallel processes), write results, plots and the headline.
+    """Run the grid (on ``executor``: an :class:`~sloserve.experiments.executor.Executor`
+    or its name, default local processes, ``workers`` of them), write results, plots and
+    the headline.
 
     A run that fails with a typed error (a policy's violation or stall) stops everything
     with :class:`RunFailed`, unless ``keep_going``: then it is a row with an ``error``
@@ -382,21 +365,22 @@ def reproduce(
     total = len(runs) + len(jobs)
     done = 0
 
-    def tick() -> None:
+    def tick(_k: int = 0, _row: object = None) -> None:
         nonlocal done
         done += 1
         if progress:
             progress(done, total)
 
     run_one = execute_keep_going if keep_going else execute
-    n_workers = workers or max(1, min(len(runs), os.cpu_count() or 1))
-    if n_workers == 1:
-        rows = _map(run_one, runs, None, tick)
-    else:
-        with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            rows = _map(run_one, runs, pool, tick)
-    # overhead last and serially: wall-clock timings must not compete with simulations
-    orows = _map(_overhead_job, jobs, None, tick)
+    ex, owned = as_executor(executor, workers)
+    try:
+        rows = ex.map(run_one, runs, on_done=tick)
+    finally:
+        if owned:
+            ex.close()
+    # overhead last, in this process and serially: wall-clock timings must not compete
+    # with simulations
+    orows = LocalExecutor(1).map(_overhead_job, jobs, on_done=tick)
     results = pd.DataFrame(rows)
     failed: list[str] = []
     if "error" in results.columns:

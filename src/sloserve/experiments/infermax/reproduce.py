@@ -21,7 +21,6 @@ import json
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from sloserve.core.errors import ConfigError
+from sloserve.experiments.executor import Executor, as_executor
 from sloserve.experiments.infermax.figures import plot
 from sloserve.experiments.infermax.findings import findings_markdown, findings_table
 from sloserve.experiments.infermax.headline import headline
@@ -146,35 +146,6 @@ def _csp_extras(fn: CspSweep, workers: int, time_limit_s: float) -> dict[str, An
     return out
 
 
-def _map(
-    fn: Callable[[Sim], dict[str, Any]],
-    items: list[Sim],
-    workers: int,
-    progress: Callable[[int, int], None] | None,
-) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if workers == 1 or len(items) <= 1:
-        for k, s in enumerate(items):
-            out.append(fn(s))
-            if progress:
-                progress(k + 1, len(items))
-        return out
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        # the longest (largest B·(I+O)) first, so no worker is left with a tail of big runs
-        order = sorted(
-            range(len(items)),
-            key=lambda k: -items[k].b * (items[k].input_len + items[k].output_len + 1),
-        )
-        futures = {k: pool.submit(fn, items[k]) for k in order}
-        res: dict[int, dict[str, Any]] = {}
-        for n, k in enumerate(order):
-            res[k] = futures[k].result()
-            if progress:
-                progress(n + 1, len(items))
-        out = [res[k] for k in range(len(items))]
-    return out
-
-
 def reproduce(
     plan: Plan,
     out: str | Path,
@@ -182,8 +153,11 @@ def reproduce(
     workers: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     csp_sweep: CspSweep | None = None,
+    executor: Executor | str | None = None,
 ) -> Reproduction:
-    """Run the plan (simulations in parallel processes), then the CSP sweep, and write
+    """Run the plan (simulations on ``executor``: an
+    :class:`~sloserve.experiments.executor.Executor` or its name, default local processes,
+    ``workers`` of them), then the CSP sweep (here, on ``workers`` CP-SAT threads), and write
     ``results.parquet``, ``csp.parquet``, ``headline.json``, ``findings.md`` and the plots.
 
     ``csp_sweep`` replaces the CSP engineer's function (tests); ``progress(stage, done,
@@ -199,7 +173,26 @@ def reproduce(
     unique = list(dict.fromkeys(r.sim for r in runs))
     n_workers = workers or max(1, min(len(unique), os.cpu_count() or 1))
     cb = (lambda d, t: progress("simulating", d, t)) if progress else None
-    metrics = dict(zip(unique, _map(execute, unique, n_workers, cb), strict=True))
+    ex, owned = as_executor(executor, n_workers)
+    try:
+        done = [0]
+
+        def on_done(_k: int, _m: dict[str, Any]) -> None:
+            done[0] += 1
+            if cb:
+                cb(done[0], len(unique))
+
+        # the longest (largest B·(I+O)) first, so no worker is left with a tail of big runs
+        sim_rows = ex.map(
+            execute,
+            unique,
+            on_done=on_done,
+            cost=lambda s: s.b * (s.input_len + s.output_len + 1),
+        )
+    finally:
+        if owned:
+            ex.close()
+    metrics = dict(zip(unique, sim_rows, strict=True))
     results = pd.DataFrame([_row(r, metrics[r.sim]) for r in runs])
     csp: pd.DataFrame | None = None
     csp_note = ""

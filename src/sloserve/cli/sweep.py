@@ -1,0 +1,129 @@
+"""``sloserve sweep``: a YAML grid of runs → one parquet of summaries and a Pareto plot,
+resumable (registered on import by ``sloserve.cli``; the engine:
+:mod:`sloserve.experiments.sweep`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from sloserve.cli._app import ExecutorOpt, app, console
+
+
+@app.command()
+def sweep(
+    config: Annotated[
+        Path,
+        typer.Option(
+            "--config",
+            metavar="GRID.yaml",
+            help="Sweep file: 'base:' (a run config), 'grid:' (dotted config paths -> value "
+            "lists, cartesian product) and/or 'points:' (explicit points).",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Output folder (points.jsonl, summary.parquet, pareto.png)."),
+    ] = Path("runs/sweep"),
+    executor: ExecutorOpt = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", min=1, help="Parallel processes (default: cores)."),
+    ] = None,
+    pareto: Annotated[
+        str | None,
+        typer.Option(
+            "--pareto",
+            metavar="X,Y",
+            help="Two summary metrics for the Pareto plot, each optionally :min or :max "
+            "(default: throughput_requests_per_s,ttft_attainment).",
+        ),
+    ] = None,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Rerun every point (forget finished ones).")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON summary only (no progress bar).")
+    ] = False,
+) -> None:
+    """Run a grid of simulations (policies, routers, rates, replicas, profiles, seeds…);
+    finished points are skipped on rerun, so a killed sweep resumes where it stopped."""
+    from sloserve.experiments.executor import make_executor
+    from sloserve.experiments.report import jsonable
+    from sloserve.experiments.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec.load(config)
+    quiet = as_json or not console.is_terminal
+    with (
+        make_executor(executor, workers) as ex,
+        Progress(
+            TextColumn("sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=quiet,
+        ) as bar,
+    ):
+        task = bar.add_task("sweep", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        res = run_sweep(spec, out, executor=ex, pareto=pareto, restart=restart, progress=progress)
+    (x, xd), (y, yd) = res.axes
+    if as_json:
+        info: dict[str, Any] = {
+            "points": len(res.table),
+            "ran": res.ran,
+            "skipped": res.skipped,
+            "executor": ex.name,
+            "wall_s": res.wall_s,
+            "summary": str(res.out / "summary.parquet"),
+            "plot": None if res.plot is None else str(res.plot),
+            "pareto_axes": {x: xd, y: yd},
+            "pareto_front": res.front.drop(columns=["pareto_front"]).to_dict("records"),
+        }
+        sys.stdout.write(json.dumps(jsonable(info), indent=2) + "\n")
+        return
+    params = [c for c in res.table.columns if c in set(spec.grid) | _point_keys(spec)]
+    t = Table(title=f"Pareto front: {x} ({xd}) vs {y} ({yd})")
+    for c in [*params, x, y]:
+        t.add_column(c, justify="right")
+    for r in res.front.to_dict("records"):
+        t.add_row(*(_fmt(r.get(c)) for c in [*params, x, y]))
+    console.print(t)
+    if res.note:
+        console.print(f"note: {res.note}", highlight=False)
+    console.print(
+        f"{len(res.table)} points ({res.ran} run on {ex.name}, {res.skipped} already done) "
+        f"in {res.wall_s:.1f} s; summary.parquet"
+        + (", pareto.png" if res.plot else "")
+        + f" written to {res.out}",
+        highlight=False,
+    )
+
+
+def _point_keys(spec: Any) -> set[str]:
+    return {str(k) for p in spec.points for k in p}
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
