@@ -257,8 +257,23 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                            else ("messages" if chat else "prompt")),
                     code="context_length_exceeded",
                 )  # fmt: skip
+        least = body.min_tokens or 0
+        if asked is not None and least > asked:
+            raise _ApiError(
+                400, f"min_tokens ({least}) must not exceed {_max_tokens_param(body)} ({asked})",
+                param="min_tokens", code="invalid_value",
+            )  # fmt: skip
+        if ctx is not None and least > ctx - n_prompt:
+            raise _ApiError(
+                400,
+                f"this model's maximum context length is {ctx} tokens; the request has "
+                f"{n_prompt} prompt tokens and asks for at least {least} more (min_tokens)",
+                param="min_tokens", code="context_length_exceeded",
+            )  # fmt: skip
         if asked is None:
-            asked = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else cfg.default_max_tokens
+            # the default cap never undercuts the client's own floor
+            asked = max(least, COMPLETIONS_DEFAULT_MAX_TOKENS if not chat
+                        else cfg.default_max_tokens)  # fmt: skip
             if ctx is not None:
                 asked = min(asked, ctx - n_prompt)
         greq = GenerationRequest(
