@@ -17,18 +17,19 @@ class ServerOptions(TypedDict):
     """uvicorn ``Config`` keywords: ``uvicorn.Config(app, **server_options())``."""
 
     loop: str
-    http: str
+    http: type[asyncio.Protocol]
 
 
 def server_options() -> ServerOptions:
     """uvicorn's fastest event loop and HTTP parser when installed (``uvloop``,
-    ``httptools``: the ``serve`` extra), else the pure-Python ones."""
+    ``httptools``: the ``serve`` extra), else the pure-Python ones; the HTTP protocol is
+    uvicorn's with the gateway's header deadline (:mod:`~sloserve.serve.api_guard`)."""
     from importlib.util import find_spec
 
-    return {
-        "loop": "uvloop" if find_spec("uvloop") else "asyncio",
-        "http": "httptools" if find_spec("httptools") else "h11",
-    }
+    from sloserve.serve.api_guard import GuardedH11Protocol, GuardedHttpToolsProtocol
+
+    http = GuardedHttpToolsProtocol if find_spec("httptools") else GuardedH11Protocol
+    return {"loop": "uvloop" if find_spec("uvloop") else "asyncio", "http": http}
 
 
 class GatewayServer(uvicorn.Server):
