@@ -38,6 +38,7 @@ server in :mod:`~sloserve.serve.server`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -255,6 +256,8 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     ) -> tuple[GenerationRequest, dict[str, str]]:
         extra = sorted((body.model_extra or {}).keys())
         headers: dict[str, str] = {}
+        if cfg.workers > 1:
+            headers["x-sloserve-worker-pid"] = str(os.getpid())
         if extra:
             if cfg.strict:
                 more = len(extra) - _HEADER_NAMES_MAX

@@ -1,5 +1,7 @@
 """Prometheus metrics of the gateway, one :class:`~prometheus_client.CollectorRegistry` per
-app (two gateways in one process, as in the tests, never share counters).
+app (two gateways in one process, as in the tests, never share counters). Under
+``sloserve serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR`` set) ``/metrics`` sums the
+counters and histograms of all worker processes; the gauges are the answering process's.
 
 Labels are bounded: ``class`` is ``rt``/``be``; ``status`` is one of :data:`STATUSES`;
 ``kind`` is ``ttft``/``tpot``/``deadline``; ``replica`` is the backend's stable replica
@@ -24,6 +26,7 @@ the simulated times divided by the scale).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -176,10 +179,22 @@ class GatewayMetrics:
                 self.requests.labels(st, cls)
         for reason in CLIENT_ERRORS:
             self.client_errors.labels(reason)
-        reg.register(_ReplicaCollector(backend))
+        self._replicas = _ReplicaCollector(backend)
+        reg.register(self._replicas)
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        """Set (by ``sloserve serve --workers N``): prometheus-client's multiprocess mode."""
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        # several gateway processes: counters and histograms summed over all of them (their
+        # values live in files), the gauges of this process
+        from prometheus_client import multiprocess
+
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
+        reg.register(self._replicas)
+        return generate_latest(reg)
 
     def client_error(self, reason: str) -> None:
         """A request refused for how it was sent (one of :data:`CLIENT_ERRORS`)."""
