@@ -216,6 +216,24 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", help="Shutdown: seconds to let streams finish.")
     ] = 30.0,
+    request_read_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--request-read-timeout-s",
+            help="A request's headers, then its body, must arrive within this (408 after).",
+        ),
+    ] = 30.0,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", help="Largest request body (413 above).")
+    ] = 32 * 2**20,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Openai: gateway processes on the one port (each with its own queue, "
+            "breakers and router; metrics summed).",
+        ),
+    ] = 1,
     seed: Annotated[
         int | None, typer.Option("--seed", help="Seed of output lengths and routers (0).")
     ] = None,
@@ -236,9 +254,16 @@ def serve(
         settings = GatewaySettings(
             strict=strict, slo_preset=slo_preset,
             default_max_tokens=default_max_tokens, pacing=pacing, drain_timeout_s=drain_timeout,
+            request_read_timeout_s=request_read_timeout_s, max_body_bytes=max_body_bytes,
+            workers=workers,
         )  # fmt: skip
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None
+    if backend == "emulated" and workers > 1:
+        raise ConfigError(
+            f"--workers {workers} needs --backend openai: the emulated backend's engines live "
+            "in one process (run it with --workers 1)"
+        )
     if backend == "emulated":
         be = _emulated_backend(
             config, flags, model, gpu, replicas, policy, router or "least-loaded", time_scale,
@@ -270,6 +295,12 @@ def serve(
     from sloserve.serve.api import create_app
     from sloserve.serve.server import GatewayServer, server_options
 
+    if workers > 1:
+        from sloserve.serve.server import run_workers
+
+        err_console.print(f"sloserve serve: {what}, {workers} workers on http://{host}:{port}/v1")
+        run_workers(settings, be.config, host, port, log_level)
+        return
     err_console.print(f"sloserve serve: {what} on http://{host}:{port}/v1")
     server_config = uvicorn.Config(
         create_app(be, settings),
