@@ -296,11 +296,11 @@ class Cluster:
             )
         if req.req_id in self.ended:
             raise ConservationError(f"request {req.req_id} submitted after it ended")
-        self.submitted += 1
         ctl = self.controller
         if ctl is not None and ctl.wants_events:
             self._apply(ctl.on_event(Event("arrival", self.env.now, req_id=req.req_id), self.view))
-        verdict = self.admission.admit(req, self)
+        verdict = self.admission.admit(req, self)  # ``live`` does not count the arrival yet
+        self.submitted += 1
         if not verdict.admitted:
             self._reject(req, verdict.reason)
             return
