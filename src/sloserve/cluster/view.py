@@ -14,7 +14,8 @@ object works on both clocks:
 Choices: a replica loading a model is :attr:`ReplicaStatus.LOADING`; only
 :attr:`ReplicaStatus.UP` replicas accept requests. ``outstanding`` counts what the replica
 holds (waiting + running + swapped) — in the gateway, the requests sent there and not yet
-ended. A request whose model is ``"default"`` (the workload named none) may be served by any replica.
+ended. A request whose model is ``"default"`` (the workload named none) may be served by
+any replica.
 """
 
 from __future__ import annotations
