@@ -25,6 +25,7 @@ from sloserve.cli._app import (
     ReplicasOpt,
     RouterOpt,
     SeedOpt,
+    TraceDecisionsOpt,
     _build_config,
     _cluster_config,
     _with_flags,
@@ -59,6 +60,7 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary only.")] = False,
     replicas: ReplicasOpt = None,
     router: RouterOpt = None,
+    trace_decisions: TraceDecisionsOpt = False,
     *,
     flags: dict[str, Any],
 ) -> None:
@@ -68,7 +70,9 @@ def simulate(
     from sloserve.experiments.runner import simulate as run_one
 
     cfg, listed = _build_config({}, config, flags)
-    cluster, _routers = _cluster_config(config, replicas, router, single=True)
+    cluster, _routers = _cluster_config(
+        config, replicas, router, single=True, trace_decisions=trace_decisions
+    )
     if policy is not None:
         cfg = cfg.model_copy(update={"policy": policy})
     elif listed is not None:
@@ -140,12 +144,15 @@ def _compare(
     replicas: int | None = None,
     router: str | None = None,
     routers: str | None = None,
+    trace_decisions: bool = False,
 ) -> None:
     from sloserve.experiments.report import jsonable, write_report
     from sloserve.experiments.runner import compare as run_many
 
     cfg, listed = _build_config(base, config, flags)
-    cluster, yaml_routers = _cluster_config(config, replicas, router)
+    cluster, yaml_routers = _cluster_config(
+        config, replicas, router, trace_decisions=trace_decisions
+    )
     router_list = _split(routers) or (None if router is not None else yaml_routers)
     names = _split(policies) or listed
     label = "policy"
@@ -249,12 +256,15 @@ def compare(
             help="Comma-separated cluster routers to compare (each with every policy).",
         ),
     ] = None,
+    trace_decisions: TraceDecisionsOpt = False,
     *,
     flags: dict[str, Any],
 ) -> None:
     """Compare policies (or cluster routers) on the very same requests; print a table,
     optionally write a report."""
-    _compare({}, config, flags, policies, out, as_json, replicas, router, routers)
+    _compare(
+        {}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions
+    )
 
 
 @app.command()

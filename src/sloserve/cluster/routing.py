@@ -133,15 +133,29 @@ def ttft_score(req: RouteRequest, r: ReplicaView) -> float:
 
 
 def normalised_scores(
-    req: RouteRequest, cand: Sequence[ReplicaView], scorers: Sequence[Scorer]
+    req: RouteRequest,
+    cand: Sequence[ReplicaView],
+    scorers: Sequence[Scorer],
+    per_scorer: dict[str, list[float]] | None = None,
 ) -> list[float]:
-    """Weighted sum over scorers of min-max normalised costs, one per candidate."""
+    """Weighted sum over scorers of min-max normalised costs, one per candidate.
+
+    ``per_scorer`` (decision tracing): filled with each scorer's normalised, unweighted
+    score per candidate (all 0 for a scorer that does not decide)."""
     total = [0.0] * len(cand)
     for s in scorers:
         raw = [float(s.fn(req, r)) for r in cand]
         finite = [v for v in raw if math.isfinite(v)]
         if not finite or (len(finite) == len(raw) and min(finite) == max(finite)):
+            if per_scorer is not None:
+                per_scorer[s.name] = [0.0] * len(cand)
             continue
+        if per_scorer is not None:
+            lo_, span_ = min(finite), max(finite) - min(finite)
+            per_scorer[s.name] = [
+                1.0 if not math.isfinite(v) else ((v - lo_) / span_ if span_ > 0 else 0.0)
+                for v in raw
+            ]
         lo, hi = min(finite), max(finite)
         span = hi - lo
         for k, v in enumerate(raw):
@@ -227,13 +241,27 @@ class PipelineRouter(Router):
         self.hold_reason = hold_reason
         """Why a request is held when a filter after ``accepting`` empties the list."""
 
-    def route(self, req: RouteRequest, view: ClusterView) -> Decision:
+    def route(
+        self, req: RouteRequest, view: ClusterView, explain: dict[str, Any] | None = None
+    ) -> Decision:
+        """The decision; with ``explain`` (a dict), the same decision, and ``explain`` gets
+        ``considered`` (accepting replica ids), ``candidates`` (after every filter),
+        ``scores`` (scorer name -> normalised score per candidate) and ``total``."""
         cand = list(view.serving(req.model))
         for i, f in enumerate(self.filters):
             cand = f(req, cand)
+            if explain is not None and i == 0:
+                explain["considered"] = [c.replica_id for c in cand]
             if not cand:
                 return Hold("no_replica" if i == 0 else self.hold_reason)
-        scores = normalised_scores(req, cand, self.scorers)
+        if explain is None:
+            scores = normalised_scores(req, cand, self.scorers)
+            return self.picker(cand, scores).replica_id
+        per: dict[str, list[float]] = {}
+        scores = normalised_scores(req, cand, self.scorers, per)
+        explain["candidates"] = [c.replica_id for c in cand]
+        explain["scores"] = per
+        explain["total"] = scores
         return self.picker(cand, scores).replica_id
 
 
