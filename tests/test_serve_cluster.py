@@ -348,3 +348,31 @@ def test_custom_router_via_plugin_in_the_gateway_and_the_simulation(plugin: Path
                        router="test-last", health_interval_s=0)
     )  # fmt: skip
     assert up._pick(greq()) == 1
+
+
+def test_serve_config_cluster_section_and_flags(tmp_path: Path) -> None:
+    """``sloserve serve --config`` reads the ``cluster:`` section as ``simulate`` does;
+    ``--router`` overrides it; the gateway's default router is least-loaded."""
+    from sloserve.cli.serve import _emulated_backend
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "cluster:\n  replicas:\n    - {count: 2, policy: sarathi}\n    - {count: 1, start_s: 5}\n"
+        "  router: least-outstanding\n  router_params: {max_outstanding: 4}\n"
+        "  failures: [{replica: 0, at_s: 10, recover_s: 20}]\n"
+    )
+    args = ("llama-2-7b", "a100-80gb", None, None)
+    tail = (20.0, None, None, None, 0, None)
+    be = _emulated_backend(cfg, {}, *args, None, *tail)
+    c = be.cluster_config
+    assert (c.num_replicas, c.router, c.router_params) == (3, "least-outstanding",
+                                                           {"max_outstanding": 4})  # fmt: skip
+    assert [s.policy for s in be.specs] == ["sarathi", "sarathi", "vllm"]
+    assert be.models() == ("llama-2-7b",)
+    assert _emulated_backend(cfg, {}, *args, "round-robin", *tail).router.name == "round-robin"
+    plain = _emulated_backend(None, {}, *args, None, *tail)
+    assert plain.router.name == "least-loaded" and plain.cluster_config.num_replicas == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster:\n  failures: [{replica: 3, at_s: 1}]\n")
+    with pytest.raises(ConfigError, match=r"cluster.failures.0.replica: 3 out of range"):
+        _emulated_backend(bad, {}, *args, None, *tail)

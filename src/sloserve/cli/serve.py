@@ -318,7 +318,11 @@ def _emulated_backend(
     section = read_yaml(config).get("cluster") if config is not None else None
     if router is None and not (isinstance(section, dict) and "router" in section):
         router = "least-loaded"
+    yaml_router = section.get("router") if isinstance(section, dict) else None
     cluster, _routers = _cluster_config(config, replicas, router, single=True)
+    if cluster is not None and router not in (None, yaml_router) and yaml_router is not None:
+        # --router replaced the YAML's router: its router_params were that one's
+        cluster = cluster.model_copy(update={"router_params": {}})
     try:
         cfg = EmulatedConfig(
             instance=sim.instance,
