@@ -135,6 +135,8 @@ class Cluster:
         self._next_instance_id = len(specs)
         self._num_configured = len(specs)
         self._pull_pending: set[str] = set()
+        self._replica_of: dict[int, Replica] = {}
+        """The replica of each instance (incarnation) id."""
         for r in self.replicas:
             if r.spec.start_s <= env.now:
                 self._join(r, first=True)
@@ -213,6 +215,7 @@ class Cluster:
     def _start(self, rep: Replica, instance_id: int) -> None:
         inst = self._make_instance(rep.spec, instance_id)
         inst.on_done = functools.partial(self._on_done, rep)
+        self._replica_of[instance_id] = rep
         rep.instance = inst
         rep.incarnations.append(inst)
         rep.status = ReplicaStatus.UP
@@ -366,6 +369,28 @@ class Cluster:
         assert rep.instance is not None
         rep.instance.add_request(req)
         return True
+
+    def abort(self, req: Request) -> bool:
+        """End a live request because its client went away (the live gateway): out of the
+        global queue if it is held there, else on its replica (at the end of the iteration
+        in flight if it is in it, :meth:`Instance.abort`). False when it already ended."""
+        if req.status.is_terminal:
+            return False
+        q = self.queue.get(req.model)
+        k = next((i for i, r in enumerate(q) if r is req), None) if q else None
+        if q is not None and k is not None:
+            del q[k]
+            req.abort(self.env.now)
+            self.abort_reasons[req.req_id] = "client"
+            if req.req_id in self.ended:
+                raise ConservationError(f"request {req.req_id} ended twice")
+            self.ended[req.req_id] = req
+            if self.on_done is not None:
+                self.on_done(req)
+            return True
+        rep = self._replica_of.get(req.instance_id)
+        inst = None if rep is None else rep.instance
+        return inst is not None and inst.abort(req)
 
     def _pull(self, model: str) -> None:
         """Hand held requests of ``model`` out, in order, until the router holds one."""

@@ -7,15 +7,17 @@ object works on both clocks:
 - the simulated cluster's live views (``cluster/replica.py``), which read the replica's
   queues when asked, so that nothing is computed for a replica no router looks at (the
   predicted TTFT in particular is priced only when a router calls for it);
-- :class:`StaticReplica`, a frozen snapshot: hand-built views in tests, and what the
-  gateway will build from its scraped ``serve.backend.ReplicaState`` when it moves onto
-  this layer (``predicted_ttft_s`` then returns the backend's estimate, if any).
+- :class:`StaticReplica`, a frozen snapshot for hand-built views in tests; the gateway's
+  ``openai`` backend builds its own snapshots from what it scrapes and observes of each
+  upstream (``serve/replica_view.py``), and its ``emulated`` backend runs a
+  :class:`~sloserve.cluster.cluster.Cluster` in wall time, so it uses the live views.
 
 Choices: a replica loading a model is :attr:`ReplicaStatus.LOADING`; only
 :attr:`ReplicaStatus.UP` replicas accept requests. ``outstanding`` counts what the replica
-holds (waiting + running + swapped) — in the gateway, the requests sent there and not yet
-ended. A request whose model is ``"default"`` (the workload named none) may be served by
-any replica.
+holds (waiting + running + swapped); a gateway fills it with the larger of its own
+in-flight count and the engine's scraped running + waiting (its count is fresh, the
+engine's includes other clients). A request whose model is ``"default"`` (the workload
+named none) may be served by any replica.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class ReplicaStatus(str, enum.Enum):
     """Started, loading a model (a cold start or a model change): serves nothing."""
     UP = "up"
     """Serving: the only state that accepts requests."""
+    BUSY = "busy"
+    """Up but takes nothing right now (a gateway's per-upstream concurrency limit is
+    reached, or this request already failed there): it waits in the gateway's queue."""
     DRAINING = "draining"
     """Finishing what it holds, accepting nothing; leaves when empty."""
     FAILED = "failed"

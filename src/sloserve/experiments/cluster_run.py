@@ -78,7 +78,9 @@ class ClusterRunResult(RunResult):
             self.iter_end = saved
 
 
-def _group_configs(cfg: SimConfig, ccfg: ClusterConfig) -> list[SimConfig]:
+def group_configs(cfg: SimConfig, ccfg: ClusterConfig) -> list[SimConfig]:
+    """Each replica group's SimConfig: the run's, with the group's overrides (the live
+    gateway's emulated cluster builds its replicas from these too)."""
     out: list[SimConfig] = []
     for gi, g in enumerate(ccfg.replicas):
         over = g.instance_overrides()
@@ -131,7 +133,7 @@ def simulate_cluster(
     t0 = time.perf_counter()
     ccfg = cluster or ClusterConfig()
     ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
-    gcfgs = _group_configs(cfg, ccfg)
+    gcfgs = group_configs(cfg, ccfg)
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
