@@ -42,6 +42,8 @@ from sloserve.metrics.summary import token_times
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 _MAX_FAST_STEPS = 1 << 14
+_FIRST_LOOK = 64
+"""Iterations priced first when looking for the next event (then all, if it is further)."""
 
 
 def _accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -79,6 +81,10 @@ class _Run:
     work_step: int
     decode_ids: list[int]
     prefills: list[tuple[Request, int]]
+    durations: NDArray[np.float64] | None = None
+    """The first >= k iteration times, when the next event was looked up (a prefix of a
+    longer run prices exactly as the shorter run: each step is priced on its own)."""
+    ends: NDArray[np.float64] | None = None
 
 
 @dataclass
@@ -148,6 +154,10 @@ class Instance:
             iter_end=self.iter_end,
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
+        self.next_event: Callable[[], float] = env.peek
+        """When the next event that can change this instance may happen: the fast path
+        stops in the iteration during which it falls. Every pending event by default; a
+        cluster narrows it to the events that can reach this replica."""
 
     # ------------------------------------------------------------------ arrivals
     @property
@@ -521,9 +531,16 @@ class Instance:
             num_decode=len(decode_ids),
             decode_context_sum=ctx,
         )
-        t_next = self.env.peek()
+        t_next = self.next_event()
+        durs = ends = None
         if t_next != math.inf:
-            ends = _accumulate(now, self.cost_model.run_times(stats, k, work_step))
+            run_times = self.cost_model.run_times
+            # Price a short prefix first: the next event is usually a few iterations away.
+            durs = run_times(stats, min(k, _FIRST_LOOK), work_step)
+            ends = _accumulate(now, durs)
+            if durs.size < k and ends[-1] < t_next:
+                durs = run_times(stats, k, work_step)
+                ends = _accumulate(now, durs)
             # The iteration during which the next event happens is the last one we run.
             k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
             if k <= 1:
@@ -535,7 +552,7 @@ class Instance:
             k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
         if k <= 1:
             return None
-        return _Run(k, stats, work_step, decode_ids, prefills)
+        return _Run(k, stats, work_step, decode_ids, prefills, durs, ends)
 
     def _apply_repeated(self, out: SchedulerOutput, now: float, run: _Run) -> _Pending:
         """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
@@ -560,13 +577,18 @@ class Instance:
             ok = ok and kv.allocate(r.req_id, k * n) is not None
         if not ok:  # _repeat_steps checked this; a failure here is an engine bug
             raise self._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
-        durs = self.cost_model.run_times(stats, k, run.work_step)
+        if run.durations is not None and run.ends is not None:
+            durs, ends_arr = run.durations, run.ends[:k]
+        else:
+            durs = self.cost_model.run_times(stats, k, run.work_step)
+            ends_arr = _accumulate(now, durs)
         if not durs[0] > 0:
             raise self._violation(
                 "batch", f"cost model {self.cost_model.name!r} priced the batch at {durs[0]}s"
             )
-        ends = _accumulate(now, durs).tolist()
-        return self._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)
+        return self._record(
+            out.batch, ends_arr.tolist(), stats.total_tokens, now, kv_before, fast=True
+        )
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight

@@ -245,13 +245,16 @@ class PagedKVManager(KVCacheManager):
         bs = self.block_size
         tables = self._tables
         tokens = self._tokens
-        need = 0
-        for r in req_ids:
-            t = tokens[r] + n_new_tokens
-            need += -(-t // bs) - len(tables[r])
         free = self._free
-        if need > len(free):
-            return False
+        # Each request needs at most ceil(n / bs) + 1 blocks: count only when that might
+        # not fit (the count is a second pass over the requests).
+        if len(free) < len(req_ids) * (n_new_tokens // bs + 1):
+            need = 0
+            for r in req_ids:
+                t = tokens[r] + n_new_tokens
+                need += -(-t // bs) - len(tables[r])
+            if need > len(free):
+                return False
         for r in req_ids:
             t = tokens[r] + n_new_tokens
             tokens[r] = t
