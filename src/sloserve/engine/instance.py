@@ -6,11 +6,10 @@ KV allocation), the executor prices the batch with the cost model, and when the 
 ends the instance emits tokens and finishes requests. Timing: a request is admitted and its
 KV allocated when its iteration starts; its tokens are delivered when the iteration ends.
 
-Fast path: when the policy marks a decode-only batch ``repeatable``, the instance advances
-up to the next event (an arrival, a request finishing, a KV block it could not allocate) in
-one step, pricing all those iterations with one vectorised cost-model call. The result is
-the same as stepping one iteration at a time; ``multi_step=False`` turns the fast path off
-(tests compare the two).
+Beside this file: :mod:`~sloserve.engine.checks` validates each policy output before
+anything changes, and :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch up
+to the next event in one step (the same result as stepping; ``multi_step=False`` turns it
+off, tests compare the two).
 """
 
 from __future__ import annotations
@@ -22,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
 
 from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
+from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
     Limits,
@@ -37,20 +37,8 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.engine.kv import KVCacheManager, KVOp, PagedKVManager
+from sloserve.engine.kv import KVCacheManager, PagedKVManager
 from sloserve.metrics.summary import token_times
-
-_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
-_MAX_FAST_STEPS = 1 << 14
-_FIRST_LOOK = 64
-"""Iterations priced first when looking for the next event (then all, if it is further)."""
-
-
-def _accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64]:
-    """End times of back-to-back iterations, added one by one exactly as single steps
-    would (``now + d0``, then ``+ d1``...), so that the fast path never reorders an
-    iteration end and an event that fall at the same instant."""
-    return np.cumsum(np.concatenate(([now], durations)))[1:]
 
 
 def _arrival_key(r: Request) -> tuple[float, int]:
@@ -70,21 +58,6 @@ class InstanceTrace:
     batch_tokens: list[int] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     duration: list[float] = field(default_factory=list)
-
-
-@dataclass
-class _Run:
-    """A repeatable batch the fast path will advance ``k`` iterations at once."""
-
-    k: int
-    stats: BatchStats
-    work_step: int
-    decode_ids: list[int]
-    prefills: list[tuple[Request, int]]
-    durations: NDArray[np.float64] | None = None
-    """The first >= k iteration times, when the next event was looked up (a prefix of a
-    longer run prices exactly as the shorter run: each step is priced on its own)."""
-    ends: NDArray[np.float64] | None = None
 
 
 @dataclass
@@ -232,158 +205,15 @@ class Instance:
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
         return SchedulerViolation(self.scheduler.name, limit, detail)
 
-    def _check_evictions(self, out: SchedulerOutput) -> tuple[set[int], set[int]]:
-        """Validate ``preempt`` and ``swap_in``; returns their request ids."""
-        me = self.instance_id
-        preempted: set[int] = set()
-        for r, _mode in out.preempt:
-            if r.status is not RequestStatus.RUNNING or r.instance_id != me:
-                raise self._violation(
-                    "preempt", f"request {r.req_id} is {r.status.name}, not RUNNING here"
-                )
-            if r.req_id in preempted:
-                raise self._violation("preempt", f"request {r.req_id} preempted twice")
-            preempted.add(r.req_id)
-        swapping: set[int] = set()
-        for r in out.swap_in:
-            if r.status is not RequestStatus.PREEMPTED_SWAPPED or r.instance_id != me:
-                raise self._violation(
-                    "swap_in", f"request {r.req_id} is {r.status.name}, not swapped here"
-                )
-            if r.req_id in swapping:
-                raise self._violation("swap_in", f"request {r.req_id} swapped in twice")
-            swapping.add(r.req_id)
-        return preempted, swapping
-
-    def _check_batch(
-        self, out: SchedulerOutput, preempted: set[int], swapping: set[int]
-    ) -> tuple[int, int, int]:
-        """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
-
-        Runs before anything is mutated, so a violation leaves the instance untouched.
-        """
-        lim = self.limits
-        me = self.instance_id
-        RUNNING = RequestStatus.RUNNING
-        seen: set[int] = set()
-        tokens = prefill = admitted = 0
-        for r, n in out.batch:
-            rid = r.req_id
-            if rid in seen:
-                raise self._violation("batch", f"request {rid} appears twice")
-            seen.add(rid)
-            st = r.status
-            if r.instance_id != me:
-                raise self._violation("batch", f"request {rid} belongs to another instance")
-            if st is RUNNING:
-                if rid in preempted:
-                    raise self._violation("batch", f"request {rid} is both preempted and scheduled")
-            elif st in _QUEUED:
-                admitted += 1
-            elif st is RequestStatus.PREEMPTED_SWAPPED:
-                if rid not in swapping:
-                    raise self._violation(
-                        "batch", f"request {rid} is swapped out and not swapped in"
-                    )
-            else:
-                raise self._violation("batch", f"request {rid} is {st.name}")
-            n_out = r.num_output_tokens
-            remaining = r.num_prompt_tokens + n_out - r.num_computed_tokens
-            if n < 1 or n > remaining:
-                raise self._violation(
-                    "batch", f"request {rid} given {n} tokens, must be 1..{remaining}"
-                )
-            tokens += n
-            if n_out == 0 or remaining > 1:
-                prefill += n
-        if tokens > lim.max_batch_tokens:
-            raise self._violation(
-                "C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}"
-            )
-        if prefill > lim.max_prefill_tokens:
-            raise self._violation(
-                "P (max prefill tokens)", f"{prefill} prefill tokens > P={lim.max_prefill_tokens}"
-            )
-        running_after = len(self.running) - len(preempted) + len(swapping) + admitted
-        if running_after > lim.max_running:
-            raise self._violation(
-                "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
-            )
-        self._check_memory(out, swapping)
-        return tokens, prefill, admitted
-
-    def _check_memory(self, out: SchedulerOutput, swapping: set[int]) -> None:
-        """M and the CPU tier: everything the output allocates must fit, before any change."""
-        kv = self.kv
-        if kv.exact_fit:
-            # Order-exact, CPU tier included (a block count would misjudge shared blocks,
-            # and BROS's CPU tier holds slots, not whole blocks).
-            err = kv.dry_run(self._kv_ops(out))
-            if err is not None:
-                limit = "CPU swap capacity" if "CPU" in err else "M (KV capacity)"
-                raise self._violation(limit, f"the batch does not fit: {err}")
-            return
-        bs = self.limits.block_size
-        freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
-        to_cpu = sum(
-            kv.num_request_blocks(r.req_id) for r, m in out.preempt if m is PreemptionMode.SWAP
-        )
-        cpu = getattr(kv, "cpu", None)
-        if to_cpu and (cpu is None or to_cpu > cpu.free_blocks):
-            raise self._violation(
-                "CPU swap capacity",
-                f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
-            )
-        decode_ids: list[int] = []
-        need = 0
-        scheduled_swaps: set[int] = set()
-        for r, n in out.batch:
-            rid = r.req_id
-            if rid in swapping:
-                scheduled_swaps.add(rid)
-                need += -(-(r.num_computed_tokens + n) // bs)
-            elif n == 1 and r.num_output_tokens and r.remaining_compute == 1:
-                decode_ids.append(rid)
-            else:
-                need += kv.blocks_needed(rid, n)
-        need += kv.decode_blocks_needed(decode_ids)
-        need += sum(
-            kv.swap_in_blocks_needed(r.req_id)
-            for r in out.swap_in
-            if r.req_id not in scheduled_swaps
-        )
-        free = kv.num_free_blocks + freed
-        if need > free:
-            raise self._violation(
-                "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"
-            )
-
-    @staticmethod
-    def _kv_ops(out: SchedulerOutput) -> list[KVOp]:
-        """The KV operations of ``out`` in the order :meth:`_apply` performs them."""
-        ops: list[KVOp] = [
-            ("swap_out" if m is PreemptionMode.SWAP else "free", r.req_id, 0)
-            for r, m in out.preempt
-        ]
-        ops.extend(("swap_in", r.req_id, 0) for r in out.swap_in)
-        decodes: list[KVOp] = []
-        for r, n in out.batch:
-            if r.num_output_tokens and r.remaining_compute == 1:
-                decodes.append(("grow", r.req_id, 1))
-            else:
-                ops.append(("grow", r.req_id, n))
-        ops.extend(decodes)
-        return ops
-
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
         # moves KV itself (restores), which only a single step prices.
         if out.repeatable and not out.preempt and not out.swap_in and not self.kv.exact_fit:
-            run = self._repeat_steps(out, now)
+            run = plan_run(self, out, now)
             if run is not None:
-                return self._apply_repeated(out, now, run)
-        preempted, swapping = self._check_evictions(out)
-        tokens, prefill, _admitted = self._check_batch(out, preempted, swapping)
+                return apply_run(self, out, now, run)
+        preempted, swapping = check_evictions(self, out)
+        tokens, prefill, _admitted = check_batch(self, out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
         for r, mode in out.preempt:
@@ -489,106 +319,6 @@ class Instance:
         if self.debug_checks:
             kv.check_invariants()
         return _Pending(batch, ends, fast)
-
-    def _repeat_steps(self, out: SchedulerOutput, now: float) -> _Run | None:
-        """How many identical iterations a repeatable batch may run; None: step normally."""
-        me = self.instance_id
-        RUNNING = RequestStatus.RUNNING
-        decode_ids: list[int] = []
-        prefills: list[tuple[Request, int]] = []
-        ctx = 0
-        k = _MAX_FAST_STEPS if self.multi_step else 1
-        pf_tokens = work = work_step = 0
-        for r, n in out.batch:
-            n_out = r.num_output_tokens
-            computed = r.num_computed_tokens
-            remaining = r.num_prompt_tokens + n_out - computed
-            if r.status is not RUNNING or r.instance_id != me:
-                raise self._violation("repeatable", f"request {r.req_id} is not running here")
-            if n_out and remaining == 1 and n == 1:
-                decode_ids.append(r.req_id)
-                ctx += computed
-                left = r.true_output_len - n_out
-            elif 1 <= n < remaining:
-                prefills.append((r, n))
-                pf_tokens += n
-                work += n * (n + computed)
-                work_step += n * n
-                left = (remaining - 1) // n  # iterations before its final chunk
-            else:
-                raise self._violation(
-                    "repeatable",
-                    f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
-                )
-            if left < k:
-                k = left
-        if k <= 1:
-            return None
-        stats = BatchStats(
-            num_prefill_tokens=pf_tokens,
-            num_prefill_seqs=len(prefills),
-            prefill_attn_work=work,
-            num_decode=len(decode_ids),
-            decode_context_sum=ctx,
-        )
-        t_next = self.next_event()
-        durs = ends = None
-        if t_next != math.inf:
-            run_times = self.cost_model.run_times
-            # Price a short prefix first: the next event is usually a few iterations away.
-            durs = run_times(stats, min(k, _FIRST_LOOK), work_step)
-            ends = _accumulate(now, durs)
-            if durs.size < k and ends[-1] < t_next:
-                durs = run_times(stats, k, work_step)
-                ends = _accumulate(now, durs)
-            # The iteration during which the next event happens is the last one we run.
-            k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
-            if k <= 1:
-                return None
-        kv = self.kv
-        reserve = out.repeat_reserve_blocks
-        k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
-        while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
-            k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
-        if k <= 1:
-            return None
-        return _Run(k, stats, work_step, decode_ids, prefills, durs, ends)
-
-    def _apply_repeated(self, out: SchedulerOutput, now: float, run: _Run) -> _Pending:
-        """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
-        stats = run.stats
-        if len(out.batch) != len({r.req_id for r, _n in out.batch}):
-            raise self._violation("batch", "a request appears twice")
-        lim = self.limits
-        if stats.total_tokens > lim.max_batch_tokens:
-            raise self._violation(
-                "C (max batch tokens)", f"{stats.total_tokens} tokens > C={lim.max_batch_tokens}"
-            )
-        if stats.num_prefill_tokens > lim.max_prefill_tokens:
-            raise self._violation(
-                "P (max prefill tokens)",
-                f"{stats.num_prefill_tokens} prefill tokens > P={lim.max_prefill_tokens}",
-            )
-        kv = self.kv
-        k = run.k
-        kv_before = kv.num_used_blocks
-        ok = kv.grow_many(run.decode_ids, k)
-        for r, n in run.prefills:
-            ok = ok and kv.allocate(r.req_id, k * n) is not None
-        if not ok:  # _repeat_steps checked this; a failure here is an engine bug
-            raise self._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
-        if run.durations is not None and run.ends is not None:
-            durs, ends_arr = run.durations, run.ends[:k]
-        else:
-            durs = self.cost_model.run_times(stats, k, run.work_step)
-            ends_arr = _accumulate(now, durs)
-        if not durs[0] > 0:
-            raise self._violation(
-                "batch", f"cost model {self.cost_model.name!r} priced the batch at {durs[0]}s"
-            )
-        return self._record(
-            out.batch, ends_arr.tolist(), stats.total_tokens, now, kv_before, fast=True
-        )
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
