@@ -44,14 +44,11 @@ def delivered_qoe(
     token_times: NDArray[np.float64],
     ttft_target: float,
     tokens_per_s: float,
-    steps: NDArray[np.float64] | None = None,
 ) -> float:
     """:func:`andes_qoe` of a request whose every token was delivered, its token times
-    non-decreasing (read from an iteration log), with the same arithmetic and result.
-
-    ``steps``, when given, holds ``arange(m) / tokens_per_s`` for some ``m >= len(token_times)``
-    (shared by many requests of one reading speed: the request table computes it once).
-    """
+    non-decreasing (read from an iteration log), with the same arithmetic and result:
+    it only skips the in-flight branch and the order check, and shares ``(i-1)/s``
+    between the consumption and the ideal timelines."""
     if not tokens_per_s > 0:
         raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
     if not ttft_target >= 0:
@@ -59,7 +56,7 @@ def delivered_qoe(
     n = token_times.size
     if n == 0:
         return 1.0
-    st = np.arange(n, dtype=np.float64) / tokens_per_s if steps is None else steps[:n]
+    st = np.arange(n, dtype=np.float64) / tokens_per_s
     x = token_times - st
     t1 = arrival + ttft_target
     x[0] = max(x[0], t1)

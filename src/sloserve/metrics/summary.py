@@ -86,8 +86,21 @@ COLUMNS = (
 """The columns of :func:`request_table`, in order."""
 
 
+def _joined_logs(
+    iter_ends: Mapping[int, NDArray[np.float64]],
+) -> tuple[NDArray[np.float64], dict[int, int]]:
+    """Every instance's iteration log end to end, and where each instance's log starts."""
+    logs = [np.asarray(e, dtype=np.float64) for e in iter_ends.values()]
+    offset: dict[int, int] = {}
+    pos = 0
+    for i, e in zip(iter_ends, logs, strict=True):
+        offset[i] = pos
+        pos += e.size
+    return (np.concatenate(logs) if logs else np.empty(0)), offset
+
+
 def _timelines(
-    requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
+    requests: Sequence[Request], log: NDArray[np.float64], offset: Mapping[int, int]
 ) -> tuple[NDArray[np.float64], list[int], list[int], list[float], list[float], list[float]]:
     """Token times of every request served on one replica (no failover), all at once.
 
@@ -98,13 +111,6 @@ def _timelines(
     """
     nan = float("nan")
     m = len(requests)
-    logs = {i: np.asarray(e, dtype=np.float64) for i, e in iter_ends.items()}
-    offset: dict[int, int] = {}
-    pos = 0
-    for i, e in logs.items():
-        offset[i] = pos
-        pos += e.size
-    log = np.concatenate(list(logs.values())) if logs else np.empty(0)
     flat: list[int] = []
     nruns: list[int] = []
     offs: list[int] = []
@@ -170,9 +176,7 @@ def request_table(
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     FINISHED = RequestStatus.FINISHED
     REJECTED = RequestStatus.REJECTED
-    times, starts, counts, ttfts, tpots, gaps = _timelines(requests, iter_ends)
-    steps: dict[float, NDArray[np.float64]] = {}
-    longest = max(counts)
+    log, offset = _joined_logs(iter_ends)
     (c_req, c_inst, c_class, c_prio, c_model, c_status, c_arr, c_prompt, c_out, c_gen) = (
         cols[c] for c in COLUMNS[:10]
     )
@@ -181,87 +185,89 @@ def request_table(
     )
     (c_pre, c_swaps, c_sttft, c_stpot, c_sdl, c_qttft, c_qtps) = (cols[c] for c in COLUMNS[19:26])
     (c_tok, c_tpok, c_dlok, c_slook, c_reason) = (cols[c] for c in COLUMNS[26:])
-    for k, r in enumerate(requests):
-        arrival = r.arrival
-        n = counts[k]
-        if n:
-            t = times[starts[k] : starts[k] + n]
-            ttft, tpot, max_gap = ttfts[k], tpots[k], gaps[k]
-        else:
-            t = token_times(r, iter_ends[r.instance_id]) if r.streamed_times else _EMPTY
-            n = t.size
-            ttft = float(t[0]) - arrival if n else nan
-            tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan
-            max_gap = float(np.max(np.diff(t))) if n > 1 else nan
-        status = r.status
-        finished = status is FINISHED
-        finish_time = r.finish_time
-        e2e = (finish_time - arrival) if finished and finish_time is not None else nan
-        qoe = nan
-        rq = r.qoe
-        if rq is not None:
-            if status is REJECTED:
-                qoe = 0.0
-            elif finished and counts[k]:
-                tps = rq.tokens_per_s
-                st = steps.get(tps)
-                if st is None and tps > 0:
-                    st = steps[tps] = np.arange(longest, dtype=np.float64) / tps
-                qoe = delivered_qoe(arrival, t, rq.ttft_s, tps, st)
-            elif finished:
-                qoe = andes_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
-            elif finish_time is not None:
-                qoe = andes_qoe(
-                    arrival,
-                    t,
-                    rq.ttft_s,
-                    rq.tokens_per_s,
-                    now=finish_time,
-                    total_tokens=r.true_output_len,
-                )
-        slo = r.slo
-        if slo.empty:
-            ttft_ok = tpot_ok = dl_ok = slo_ok = nan
-        else:
-            ttft_ok = _meets(slo.ttft_s, ttft, finished or n > 0)
-            tpot_ok = _meets(slo.tpot_s, tpot if n > 1 else 0.0, finished)
-            dl_ok = _meets(slo.deadline_s, e2e, finished)
-            slo_ok = float(finished and all(v != 0.0 for v in (ttft_ok, tpot_ok, dl_ok) if v == v))
-        c_req.append(r.req_id)
-        c_inst.append(r.instance_id)
-        c_class.append(r.req_class.value)
-        c_prio.append(r.priority)
-        c_model.append(r.model)
-        c_status.append(status.name.lower())
-        c_arr.append(arrival)
-        c_prompt.append(r.num_prompt_tokens)
-        c_out.append(r.true_output_len)
-        c_gen.append(r.num_output_tokens)
-        c_queue.append((r.first_scheduled - arrival) if r.first_scheduled is not None else nan)
-        c_ttft.append(ttft)
-        c_tpot.append(tpot)
-        c_atgt.append(tpot)
-        c_gap.append(max_gap)
-        c_e2e.append(e2e)
-        c_norm.append(e2e / r.true_output_len if finished else nan)
-        c_finish.append(finish_time if finish_time is not None else nan)
-        c_qoe.append(qoe)
-        c_pre.append(r.num_preemptions)
-        c_swaps.append(r.num_swaps)
-        c_sttft.append(slo.ttft_s if slo.ttft_s is not None else nan)
-        c_stpot.append(slo.tpot_s if slo.tpot_s is not None else nan)
-        c_sdl.append(slo.deadline_s if slo.deadline_s is not None else nan)
-        c_qttft.append(rq.ttft_s if rq is not None else nan)
-        c_qtps.append(rq.tokens_per_s if rq is not None else nan)
-        c_tok.append(ttft_ok)
-        c_tpok.append(tpot_ok)
-        c_dlok.append(dl_ok)
-        c_slook.append(slo_ok)
-        c_reason.append(r.reject_reason)
+    # In chunks: the gathered token times of a chunk are the only per-token arrays alive.
+    for lo in range(0, len(requests), _CHUNK):
+        chunk = requests[lo : lo + _CHUNK]
+        times, starts, counts, ttfts, tpots, gaps = _timelines(chunk, log, offset)
+        for k, r in enumerate(chunk):
+            arrival = r.arrival
+            n = counts[k]
+            if n:
+                t = times[starts[k] : starts[k] + n]
+                ttft, tpot, max_gap = ttfts[k], tpots[k], gaps[k]
+            else:
+                t = token_times(r, iter_ends[r.instance_id]) if r.streamed_times else _EMPTY
+                n = t.size
+                ttft = float(t[0]) - arrival if n else nan
+                tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan
+                max_gap = float(np.max(np.diff(t))) if n > 1 else nan
+            status = r.status
+            finished = status is FINISHED
+            finish_time = r.finish_time
+            e2e = (finish_time - arrival) if finished and finish_time is not None else nan
+            qoe = nan
+            rq = r.qoe
+            if rq is not None:
+                if status is REJECTED:
+                    qoe = 0.0
+                elif finished and counts[k]:
+                    qoe = delivered_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
+                elif finished:
+                    qoe = andes_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
+                elif finish_time is not None:
+                    qoe = andes_qoe(
+                        arrival,
+                        t,
+                        rq.ttft_s,
+                        rq.tokens_per_s,
+                        now=finish_time,
+                        total_tokens=r.true_output_len,
+                    )
+            slo = r.slo
+            if slo.empty:
+                ttft_ok = tpot_ok = dl_ok = slo_ok = nan
+            else:
+                ttft_ok = _meets(slo.ttft_s, ttft, finished or n > 0)
+                tpot_ok = _meets(slo.tpot_s, tpot if n > 1 else 0.0, finished)
+                dl_ok = _meets(slo.deadline_s, e2e, finished)
+                met = all(v != 0.0 for v in (ttft_ok, tpot_ok, dl_ok) if v == v)
+                slo_ok = float(finished and met)
+            c_req.append(r.req_id)
+            c_inst.append(r.instance_id)
+            c_class.append(r.req_class.value)
+            c_prio.append(r.priority)
+            c_model.append(r.model)
+            c_status.append(status.name.lower())
+            c_arr.append(arrival)
+            c_prompt.append(r.num_prompt_tokens)
+            c_out.append(r.true_output_len)
+            c_gen.append(r.num_output_tokens)
+            c_queue.append((r.first_scheduled - arrival) if r.first_scheduled is not None else nan)
+            c_ttft.append(ttft)
+            c_tpot.append(tpot)
+            c_atgt.append(tpot)
+            c_gap.append(max_gap)
+            c_e2e.append(e2e)
+            c_norm.append(e2e / r.true_output_len if finished else nan)
+            c_finish.append(finish_time if finish_time is not None else nan)
+            c_qoe.append(qoe)
+            c_pre.append(r.num_preemptions)
+            c_swaps.append(r.num_swaps)
+            c_sttft.append(slo.ttft_s if slo.ttft_s is not None else nan)
+            c_stpot.append(slo.tpot_s if slo.tpot_s is not None else nan)
+            c_sdl.append(slo.deadline_s if slo.deadline_s is not None else nan)
+            c_qttft.append(rq.ttft_s if rq is not None else nan)
+            c_qtps.append(rq.tokens_per_s if rq is not None else nan)
+            c_tok.append(ttft_ok)
+            c_tpok.append(tpot_ok)
+            c_dlok.append(dl_ok)
+            c_slook.append(slo_ok)
+            c_reason.append(r.reject_reason)
     return pd.DataFrame(cols, columns=list(COLUMNS))
 
 
 _EMPTY: NDArray[np.float64] = np.empty(0)
+_CHUNK = 8192
 
 
 def _meets(target: float | None, value: float, observed: bool) -> float:
