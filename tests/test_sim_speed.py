@@ -24,36 +24,54 @@ def _cfg(policy: str, rate: float = 24.0, horizon: float | None = None) -> SimCo
     )
 
 
-def test_peek_external_skips_iteration_events() -> None:
+def test_peek_control_and_cancel() -> None:
     env = Environment()
     seen: list[str] = []
     env.schedule(1.0, lambda: seen.append("it1"), PRIO_ITERATION)
     env.schedule(2.0, lambda: seen.append("arr"), PRIO_ARRIVAL)
     env.schedule(3.0, lambda: seen.append("ctl"), PRIO_CONTROL)
-    assert (env.peek(), env.peek_external()) == (1.0, 2.0)
+    gone = env.schedule(4.0, lambda: seen.append("cancelled"), PRIO_ITERATION)
+    env.schedule(3.5, lambda: env.cancel(gone), PRIO_ITERATION)
+    assert (env.peek(), env.peek_control()) == (1.0, 3.0)
     env.step()
-    assert env.peek_external() == 2.0
     env.step()
-    assert env.peek_external() == 3.0
+    assert env.peek_control() == 3.0 and len(env) == 3
     env.run()
-    assert seen == ["it1", "arr", "ctl"] and env.peek_external() == float("inf")
+    assert seen == ["it1", "arr", "ctl"] and env.peek_control() == float("inf")
+    assert env.now == 3.5 and env.peek() == float("inf") and len(env) == 0
 
 
 @pytest.mark.parametrize(
-    ("policy", "router"), [("sarathi", "least-outstanding"), ("vllm", "round-robin")]
+    ("policy", "cluster"),
+    [
+        ("sarathi", {"replicas": [{"count": 3}], "router": "least-outstanding"}),
+        ("vllm", {"replicas": [{"count": 3}], "router": "round-robin"}),
+        # holds in the global queue (pulls when requests end) and a failure with recovery
+        (
+            "sarathi",
+            {
+                "replicas": [{"count": 3}],
+                "router": "least-outstanding",
+                "router_params": {"max_outstanding": 6},
+                "failures": [{"replica": 1, "at_s": 6.0, "recover_s": 9.0}],
+            },
+        ),
+        ("vllm", {"replicas": [{"count": 4}], "router": "power-of-two"}),
+    ],
 )
 def test_count_only_routers_give_the_same_requests_with_fewer_decisions(
-    policy: str, router: str, monkeypatch: pytest.MonkeyPatch
+    policy: str, cluster: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cc = ClusterConfig.load({"replicas": [{"count": 3}], "router": router})
+    cc = ClusterConfig.load(cluster)
     fast = simulate_cluster(_cfg(policy), cc)
     # The same run with every replica stopping at every event (the behaviour before).
-    monkeypatch.setattr(cluster_mod.Cluster, "_next_event", lambda self: self.env.peek())
+    monkeypatch.setattr(cluster_mod.Cluster, "_cuts_on_arrival", lambda self, inst: False)
     slow = simulate_cluster(_cfg(policy), cc)
     pd.testing.assert_frame_equal(fast.table, slow.table)
     for i, ends in slow.iter_ends.items():
         np.testing.assert_array_equal(fast.iter_ends[i], ends)
-    assert fast.summary["iterations"] == slow.summary["iterations"]
+    for k in ("iterations", "holds", "failovers", "finished", "ttft_p99", "tpot_p99"):
+        assert fast.summary[k] == slow.summary[k], k
     assert fast.summary["scheduling_decisions"] < slow.summary["scheduling_decisions"]
 
 
@@ -62,7 +80,7 @@ def test_routers_that_read_progress_keep_every_cut() -> None:
     res = simulate_cluster(_cfg("vllm"), cc)
     assert res.cluster is not None
     assert all(
-        inst.next_event == res.cluster.env.peek
+        inst.next_event == res.cluster.env.peek and not res.cluster._cuts_on_arrival(inst)
         for rep in res.cluster.replicas
         for inst in rep.incarnations
     )

@@ -26,12 +26,16 @@ Choices:
   Requests still held when the run closes are aborted with a reason: ``horizon`` at the
   run's horizon, ``no_replica`` when the run ran out of events with nothing to serve them.
 - Fast path (speed only, the same requests' results): an instance fast-forwards a
-  repeatable batch up to the next event that can reach it. With a router that reads only
-  request counts (:attr:`Router.reads_progress` false), an empty global queue and no
-  ``on_done`` hook, only arrivals and control events can reach a replica, so the other
-  replicas' iterations do not cut its runs (:meth:`_next_event`); otherwise every event
-  does. The per-decision timeline is coarser then (fewer, longer samples), which moves
-  ``scheduling_decisions`` and the KV-usage mean sampled from it, not the requests.
+  repeatable batch up to the next event that can change it. With a router that reads only
+  request counts (:attr:`Router.reads_progress` false) and a KV manager that can shrink,
+  that is the next control event (a fault, join, drain, the horizon): neither arrivals
+  nor other replicas' iterations cut its runs; a request routed to it mid-run cuts the
+  run at that instant instead (:meth:`Instance.interrupt`), exactly where a run planned
+  to stop there would have ended. So an event costs the replica it reaches, not every
+  replica. With other routers every event cuts every run, so that what a router reads
+  is what it read before. The per-decision timeline is coarser (fewer, longer samples),
+  which moves ``scheduling_decisions`` and the KV-usage mean sampled from it, not the
+  requests.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
 from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.env import PRIO_CONTROL, Environment
+from sloserve.engine.instance import Instance
 
 
 class ConservationError(SloserveError, RuntimeError):
@@ -105,8 +110,8 @@ class Cluster:
     def _start(self, rep: Replica, instance_id: int) -> None:
         inst = self._make_instance(rep.spec, instance_id)
         inst.on_done = functools.partial(self._on_done, rep)
-        if not self.router.reads_progress:
-            inst.next_event = self._next_event
+        if self._cuts_on_arrival(inst):
+            inst.next_event = self.env.peek_control
         rep.instance = inst
         rep.incarnations.append(inst)
         rep.status = ReplicaStatus.UP
@@ -165,13 +170,10 @@ class Cluster:
         rep.leave_time = self.env.now
         rep.instance = None
 
-    def _next_event(self) -> float:
-        """The next event that can reach a replica (module docstring, fast path): a held
-        request or an ``on_done`` hook can be routed at any replica's iteration end."""
-        env = self.env
-        if self.on_done is not None or any(self.queue.values()):
-            return env.peek()
-        return env.peek_external()
+    def _cuts_on_arrival(self, inst: Instance) -> bool:
+        """Whether ``inst`` runs past arrivals and is cut when one reaches it (module
+        docstring, fast path)."""
+        return not self.router.reads_progress and inst.kv.can_shrink
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -207,8 +209,11 @@ class Cluster:
                 f"router {self.router.name!r} sent request {req.req_id} (model {req.model!r}) "
                 f"to replica {d} ({rep.status.value}, model {rep.spec.model!r})"
             )
-        assert rep.instance is not None
-        rep.instance.add_request(req)
+        inst = rep.instance
+        assert inst is not None
+        if self._cuts_on_arrival(inst):
+            inst.interrupt()
+        inst.add_request(req)
         return True
 
     def _pull(self, model: str) -> None:

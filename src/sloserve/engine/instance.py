@@ -65,6 +65,8 @@ class _Pending:
     batch: tuple[ScheduledRequest, ...]
     ends: list[float]
     fast: bool
+    event: int = 0
+    """The id of its completion event."""
 
 
 class Instance:
@@ -200,7 +202,38 @@ class Instance:
         pending = self._apply(out, now)
         self._pending = pending
         self._busy = True
-        env.schedule(pending.ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION)
+        pending.event = env.schedule(
+            pending.ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION
+        )
+
+    def interrupt(self) -> None:
+        """Cut a fast-forwarded run in flight after the iteration in progress now (one
+        that ends now included: it ends before an iteration event now sees anything), as if
+        the run had been planned to stop at this instant: what the cut iterations grew
+        in the KV cache is given back and the run's end moves earlier. Called before a
+        request reaches the instance mid-run; needs ``kv.can_shrink``."""
+        pending = self._pending
+        if pending is None or not pending.fast:
+            return
+        ends = pending.ends
+        keep = bisect.bisect_left(ends, self.env.now) + 1
+        cut = len(ends) - keep
+        if cut <= 0:
+            return
+        kv = self.kv
+        for r, n in pending.batch:  # not retired yet: the counters are the run's start
+            decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+            kv.shrink(r.req_id, cut if decode else cut * n)
+        start = self.trace.time[-1]
+        self.busy_time += (ends[keep - 1] - start) - (ends[-1] - start)
+        self.trace.steps[-1] = keep
+        self.trace.duration[-1] = ends[keep - 1] - start
+        self.env.cancel(pending.event)
+        short = _Pending(pending.batch, ends[:keep], True)
+        self._pending = short
+        short.event = self.env.schedule(
+            short.ends[-1], functools.partial(self._complete, short), PRIO_ITERATION
+        )
 
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
         return SchedulerViolation(self.scheduler.name, limit, detail)
