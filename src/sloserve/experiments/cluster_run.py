@@ -35,7 +35,7 @@ from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
-from sloserve.costmodel.profile import load_profile
+from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.experiments.runner import (
@@ -116,10 +116,13 @@ def simulate_cluster(
         workload = workload_of(cfg)
     reqs = fresh(workload.requests)
     groups = ccfg.group_of()
+    profiles: dict[int, ReplicaProfile] = {}
     specs = []
     for rid, gi in enumerate(groups):
         g, gcfg = ccfg.replicas[gi], gcfgs[gi]
-        model = g.model or load_profile(gcfg.instance.profile).model.name
+        if gi not in profiles:  # one YAML read per group, not per replica
+            profiles[gi] = load_profile(gcfg.instance.profile)
+        model = g.model or profiles[gi].model.name
         specs.append(ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s))
     served = {s.model for s in specs}
     unserved = sorted({r.model for r in reqs} - served - {"default"})
@@ -132,7 +135,11 @@ def simulate_cluster(
 
     def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
         return build_instance(
-            gcfgs[spec.group], env, check_invariants=check_invariants, instance_id=instance_id
+            gcfgs[spec.group],
+            env,
+            check_invariants=check_invariants,
+            instance_id=instance_id,
+            profile=profiles[spec.group],
         )
 
     rparams = dict(ccfg.router_params)
