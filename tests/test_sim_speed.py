@@ -121,3 +121,25 @@ def test_delivered_qoe_is_andes_qoe_exactly() -> None:
         assert delivered_qoe(arrival, d, ttft, tps) == andes_qoe(arrival, d, ttft, tps)
     with pytest.raises(ValueError, match="tokens_per_s"):
         delivered_qoe(0.0, np.ones(3), 1.0, 0.0)
+
+
+def test_kv_shrink_gives_back_exactly_what_growing_took() -> None:
+    from sloserve.engine.kv import KVInvariantError, PagedKVManager
+
+    a, b = PagedKVManager(64, block_size=16), PagedKVManager(64, block_size=16)
+    for kv in (a, b):
+        kv.allocate(1, 30)
+        kv.allocate(2, 16)
+    a.grow_many([1, 2], 40)
+    a.shrink(1, 37)
+    a.shrink(2, 37)
+    b.grow_many([1, 2], 3)
+    a.check_invariants()
+    assert (a.num_free_blocks, a.num_tokens(1), a.num_tokens(2)) == (
+        b.num_free_blocks,
+        b.num_tokens(1),
+        b.num_tokens(2),
+    )
+    assert [a.num_request_blocks(r) for r in (1, 2)] == [b.num_request_blocks(r) for r in (1, 2)]
+    with pytest.raises(KVInvariantError):
+        a.shrink(1, 1000)
