@@ -25,6 +25,17 @@ Choices:
   raises on a second end, and :meth:`Cluster.close` checks that none is left live.
   Requests still held when the run closes are aborted with a reason: ``horizon`` at the
   run's horizon, ``no_replica`` when the run ran out of events with nothing to serve them.
+- Fast path (speed only, the same requests' results): an instance fast-forwards a
+  repeatable batch up to the next event that can change it. With a router that reads only
+  request counts (:attr:`Router.reads_progress` false) and a KV manager that can shrink,
+  that is the next control event (a fault, join, drain, the horizon): neither arrivals
+  nor other replicas' iterations cut its runs; a request routed to it mid-run cuts the
+  run at that instant instead (:meth:`Instance.interrupt`), exactly where a run planned
+  to stop there would have ended. So an event costs the replica it reaches, not every
+  replica. With other routers every event cuts every run, so that what a router reads
+  is what it read before. The per-decision timeline is coarser (fewer, longer samples),
+  which moves ``scheduling_decisions`` and the KV-usage mean sampled from it, not the
+  requests.
 """
 
 from __future__ import annotations
@@ -54,6 +65,7 @@ from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
 from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.env import PRIO_CONTROL, Environment
+from sloserve.engine.instance import Instance
 
 
 class ConservationError(SloserveError, RuntimeError):
@@ -216,6 +228,8 @@ class Cluster:
         inst = self._make_instance(rep.spec, instance_id)
         inst.on_done = functools.partial(self._on_done, rep)
         self._replica_of[instance_id] = rep
+        if self._cuts_on_arrival(inst):
+            inst.next_event = self.env.peek_control
         rep.instance = inst
         rep.incarnations.append(inst)
         rep.status = ReplicaStatus.UP
@@ -287,6 +301,11 @@ class Cluster:
         rep.status = ReplicaStatus.LEFT
         rep.leave_time = self.env.now
         rep.instance = None
+
+    def _cuts_on_arrival(self, inst: Instance) -> bool:
+        """Whether ``inst`` runs past arrivals and is cut when one reaches it (module
+        docstring, fast path)."""
+        return not self.router.reads_progress and inst.kv.can_shrink
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -366,8 +385,11 @@ class Cluster:
                 f"router {self.router.name!r} sent request {req.req_id} (model {req.model!r}) "
                 f"to replica {d} ({rep.status.value}, model {rep.spec.model!r})"
             )
-        assert rep.instance is not None
-        rep.instance.add_request(req)
+        inst = rep.instance
+        assert inst is not None
+        if self._cuts_on_arrival(inst):
+            inst.interrupt()
+        inst.add_request(req)
         return True
 
     def abort(self, req: Request) -> bool:

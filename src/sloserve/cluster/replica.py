@@ -155,7 +155,8 @@ class SimReplicaView:
 
     @property
     def outstanding(self) -> int:
-        return self._r.holds
+        inst = self._r.instance  # Replica.holds inlined: routers read it for every candidate
+        return 0 if inst is None else len(inst.waiting) + len(inst.running) + len(inst.swapped)
 
     @property
     def queued_prompt_tokens(self) -> int:

@@ -251,6 +251,13 @@ class Router(ABC):
     :class:`PipelineRouter` and :func:`register_router` it."""
 
     name: str = "router"
+    reads_progress: bool = True
+    """Whether the router reads a replica's progress (queued tokens, KV usage, predicted
+    TTFT, busy time) rather than only its request counts, model and status. A router that
+    does not lets each replica fast-forward past the other replicas' iterations (a
+    speed-up: request counts are the same at every routing decision either way); one
+    that does keeps every replica stopping at every event, so that what it reads is what
+    it read before. Unknown routers are assumed to read it."""
 
     @abstractmethod
     def route(self, req: RouteRequest, view: ClusterView) -> Decision:
@@ -268,8 +275,10 @@ class PipelineRouter(Router):
         picker: Picker,
         *,
         hold_reason: str = "no_candidate",
+        reads_progress: bool = True,
     ) -> None:
         self.name = name
+        self.reads_progress = reads_progress
         self.filters = [accepting, *filters]
         self.scorers = list(scorers)
         self.picker = picker
@@ -307,15 +316,15 @@ RouterFactory = Callable[..., Router]
 
 
 def _pass_through(seed: int) -> Router:
-    return PipelineRouter("pass-through", [], [], first_pick)
+    return PipelineRouter("pass-through", [], [], first_pick, reads_progress=False)
 
 
 def _random(seed: int) -> Router:
-    return PipelineRouter("random", [], [], random_pick(random.Random(seed)))
+    return PipelineRouter("random", [], [], random_pick(random.Random(seed)), reads_progress=False)
 
 
 def _round_robin(seed: int) -> Router:
-    return PipelineRouter("round-robin", [], [], rotation_pick())
+    return PipelineRouter("round-robin", [], [], rotation_pick(), reads_progress=False)
 
 
 def _least_outstanding(seed: int, max_outstanding: int | None = None) -> Router:
@@ -328,6 +337,7 @@ def _least_outstanding(seed: int, max_outstanding: int | None = None) -> Router:
         [Scorer("outstanding", outstanding_score)],
         lowest_pick(),
         hold_reason="max_outstanding",
+        reads_progress=False,
     )
 
 
@@ -360,6 +370,8 @@ def _power_of_two(seed: int, kv_weight: float = 0.25) -> Router:
         [sample_filter(random.Random(seed))],
         [Scorer("outstanding", outstanding_score), Scorer("kv", kv_score, kv_weight)],
         lowest_pick(),
+        # The KV tie-break reads progress; with kv_weight 0 it only counts requests.
+        reads_progress=kv_weight > 0,
     )
 
 

@@ -37,7 +37,7 @@ from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
-from sloserve.costmodel.profile import load_profile
+from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.experiments.runner import (
@@ -142,10 +142,13 @@ def simulate_cluster(
         workload = workload_of(cfg)
     reqs = fresh(workload.requests)
     groups = ccfg.group_of()
+    profiles: dict[int, ReplicaProfile] = {}
     specs = []
     for rid, gi in enumerate(groups):
         g, gcfg = ccfg.replicas[gi], gcfgs[gi]
-        model = g.model or model_name_of(load_profile(gcfg.instance.profile))
+        if gi not in profiles:  # one YAML read per group, not per replica
+            profiles[gi] = load_profile(gcfg.instance.profile)
+        model = g.model or model_name_of(profiles[gi])
         specs.append(
             ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s, g.role)
         )
@@ -180,7 +183,16 @@ def simulate_cluster(
         if spec.profile != gcfg.instance.profile:  # it changed model: another profile
             icfg = gcfg.instance.model_copy(update={"profile": spec.profile})
             gcfg = gcfg.model_copy(update={"instance": icfg})
-        return build_instance(gcfg, env, check_invariants=check_invariants, instance_id=instance_id)
+            return build_instance(
+                gcfg, env, check_invariants=check_invariants, instance_id=instance_id
+            )
+        return build_instance(
+            gcfg,
+            env,
+            check_invariants=check_invariants,
+            instance_id=instance_id,
+            profile=profiles[spec.group],
+        )
 
     rparams = dict(ccfg.router_params)
     seed = int(rparams.pop("seed", cfg.workload.seed))

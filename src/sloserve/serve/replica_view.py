@@ -55,6 +55,11 @@ class GatewayReplica:
     swapped: int = 0
     queued_prompt_tokens: int = 0
     predict: Predictor | None = None
+    group: int = 0
+    """Upstreams form one group: the gateway has no replica groups."""
+    capacity: int = 256
+    """Requests it runs at once; unknown for an upstream engine, so vLLM's default
+    ``--max-num-seqs`` (only the autoscaler reads it, and the gateway runs none)."""
 
     @property
     def outstanding(self) -> int:
