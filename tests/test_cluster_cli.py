@@ -131,3 +131,28 @@ def test_public_api_takes_a_cluster_section() -> None:
     assert both["vllm"].summary["requests"] == both["sarathi"].summary["requests"]
     with pytest.raises(sloserve.ConfigError, match="cluster: router"):
         sloserve.simulate(cfg, cluster={"router": 3})
+
+
+def test_gpu_seconds_count_every_gpu_and_cost_uses_group_prices() -> None:
+    cfg = {
+        "instance": {"cost_model": "constant:0.01"},
+        "workload": {"duration_s": 10, "models": {"llama-2-7b": 0.5, "llama-2-70b": 0.5}},
+        "cluster": {
+            "replicas": [
+                {"profile": "llama-2-7b-a100", "count": 1, "gpu_hour_usd": 2.0},
+                {"profile": "llama-2-70b-a100x2", "count": 1, "gpu_hour_usd": 3.0},
+            ],
+            "router": "round-robin",
+        },
+    }
+    s = sloserve.simulate(cfg).summary
+    small, big = s["replicas"]
+    assert (small["gpus"], big["gpus"]) == (1, 2)
+    assert big["gpu_seconds"] == pytest.approx(2 * small["gpu_seconds"])
+    assert s["gpu_seconds"] == pytest.approx(small["gpu_seconds"] + big["gpu_seconds"])
+    expected = (small["gpu_seconds"] * 2.0 + big["gpu_seconds"] * 3.0) / 3600
+    assert s["cost_usd"] == pytest.approx(expected)
+    # Utilisation is busy time over the replica's own seconds, not over its GPUs.
+    assert 0 < big["utilisation"] <= 1
+    cfg["cluster"]["replicas"][0].pop("gpu_hour_usd")  # type: ignore[index]
+    assert sloserve.simulate(cfg).summary["cost_usd"] is None

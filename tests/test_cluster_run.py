@@ -25,6 +25,7 @@ def test_one_replica_pass_through_is_the_single_replica_run(policy: str) -> None
     assert set(b.summary) - set(a.summary) == {
         "router",
         "gpu_seconds",
+        "cost_usd",
         "replicas",
         "holds",
         "aborted_by_reason",

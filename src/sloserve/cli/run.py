@@ -89,31 +89,37 @@ def simulate(
         from sloserve.experiments.cluster_run import simulate_cluster
 
         result = simulate_cluster(cfg, cluster)
+    # A cluster of mixed policies is named by all of them (the summary's "a+b").
+    name = str(result.summary.get("policy") or cfg.policy)
     if out is not None:
-        write_report({cfg.policy: result}, out)
+        write_report({name: result}, out)
     if as_json:
         sys.stdout.write(json.dumps(jsonable(result.summary), indent=2) + "\n")
         return
     console.print(
         _summary_table(
-            {cfg.policy: result},
+            {name: result},
             f"{len(result.requests)} requests, "
             f"{result.summary['simulated_seconds']:.0f} s simulated",
         )
     )
     if cluster is not None:
         console.print(_replica_table(result.summary))
-    _note_rejections({cfg.policy: result})
+    _note_rejections({name: result})
     if out is not None:
         console.print(f"report written to {out}")
 
 
 def _replica_table(summary: dict[str, Any]) -> Table:
     """One row per replica of a cluster run: what it served and how busy it was."""
-    t = Table(title=f"{len(summary['replicas'])} replicas, router {summary.get('router')}")
+    cost = summary.get("cost_usd")
+    t = Table(
+        title=f"{len(summary['replicas'])} replicas, router {summary.get('router')}, "
+        f"{summary['gpu_seconds']:,.0f} GPU-s" + (f", ${cost:,.2f}" if cost is not None else "")
+    )
     for col in ("replica", "profile", "policy", "model"):
         t.add_column(col, no_wrap=col == "replica")
-    for col in ("served", "busy", "KV mean", "preempt", "GPU-s"):
+    for col in ("served", "busy", "KV mean", "preempt", "GPUs", "GPU-s"):
         t.add_column(col, justify="right")
     for r in summary["replicas"]:
         t.add_row(
@@ -125,6 +131,7 @@ def _replica_table(summary: dict[str, Any]) -> Table:
             f"{r['utilisation']:.0%}" if r.get("utilisation") is not None else "-",
             f"{r['kv_usage_mean']:.0%}" if r.get("kv_usage_mean") is not None else "-",
             str(r["preemptions"]),
+            str(r["gpus"]),
             f"{r['gpu_seconds']:.0f}",
         )
     return t

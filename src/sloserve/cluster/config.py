@@ -57,6 +57,13 @@ class ReplicaGroup(BaseModel):
         default=None, ge=1, le=50_000_000, description="M override, in tokens"
     )
     cpu_swap_gib: float | None = Field(default=None, ge=0, description="CPU swap tier override")
+    gpu_hour_usd: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e4,
+        allow_inf_nan=False,
+        description="price of one GPU-hour of this group's GPU kind (for the run's cost)",
+    )
     role: Literal["both", "prefill", "decode"] = Field(
         default="both", description="disaggregated serving: prefill or decode replicas"
     )

@@ -277,7 +277,15 @@ def _result(
     trace = pd.concat(traces, ignore_index=True) if len(traces) > 1 else traces[0]
     if len(traces) > 1:
         trace = trace.sort_values("time", kind="stable").reset_index(drop=True)
-    gpu = [rep.gpu_seconds(sim_s) for rep in clu.replicas]
+    # A replica of a TP-n profile holds n GPUs: GPU-seconds are replica-seconds times n,
+    # utilisation is busy time over replica-seconds.
+    tps: dict[str, int] = {}
+    for rep in clu.replicas:
+        if rep.spec.profile not in tps:
+            tps[rep.spec.profile] = load_profile(rep.spec.profile).tp
+    up = [rep.gpu_seconds(sim_s) for rep in clu.replicas]
+    gpu = [u * tps[rep.spec.profile] for rep, u in zip(clu.replicas, up, strict=True)]
+    prices = [ccfg.replicas[rep.spec.group].gpu_hour_usd for rep in clu.replicas]
     busy = sum(rep.busy_seconds() for rep in clu.replicas)
     insts = [inst for _, inst in incs]
     first = [rep.incarnations[0] for rep in clu.replicas if rep.incarnations]
@@ -285,7 +293,7 @@ def _result(
     extra: dict[str, Any] = {
         "iterations": sum(len(i.iter_end) for i in insts),
         "scheduling_decisions": sum(len(i.trace.time) for i in insts),
-        "busy_fraction": busy / sum(gpu) if sum(gpu) > 0 else None,
+        "busy_fraction": busy / sum(up) if sum(up) > 0 else None,
         "kv_capacity_tokens": _common([i.limits.kv_capacity_tokens for i in first]),
         "limits": _common([dataclasses.asdict(i.limits) for i in first]),
         "profile": _common([rep.spec.profile for rep in clu.replicas]),
@@ -304,6 +312,11 @@ def _result(
     )
     summary["router"] = ccfg.router
     summary["gpu_seconds"] = float(sum(gpu))
+    summary["cost_usd"] = (
+        float(sum(g / 3600 * p for g, p in zip(gpu, prices, strict=True) if p is not None))
+        if all(p is not None for p in prices)
+        else None
+    )
     summary["replicas"] = [
         {
             "replica": rep.replica_id,
@@ -311,14 +324,15 @@ def _result(
             "policy": rep.spec.policy,
             "model": rep.spec.model,
             "served": rep.served,
-            "utilisation": rep.busy_seconds() / g if g > 0 else None,
+            "utilisation": rep.busy_seconds() / u if u > 0 else None,
             "kv_usage_mean": rep.kv_usage_mean(),
             "preemptions": rep.preemptions(),
+            "gpus": tps[rep.spec.profile],
             "gpu_seconds": g,
             "failures": rep.failures,
             "status": rep.status.value,
         }
-        for rep, g in zip(clu.replicas, gpu, strict=True)
+        for rep, u, g in zip(clu.replicas, up, gpu, strict=True)
     ]
     summary["rejected_by_reason"] = dict(
         sorted(Counter(r.reject_reason for r in reqs if r.reject_reason).items())
