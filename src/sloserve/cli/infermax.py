@@ -47,18 +47,12 @@ _REL_TOL = 1e-6
 
 
 def _cost_model(spec: str | None, profile: str) -> Any:
-    from sloserve.costmodel.base import ConstantCostModel
+    from sloserve.costmodel.base import parse_cost_model
     from sloserve.costmodel.profile import load_profile
 
     if spec is None:
         return load_profile(profile).cost_model()
-    kind, _, arg = spec.partition(":")
-    try:
-        if kind == "constant":
-            return ConstantCostModel(float(arg))
-    except ValueError:
-        pass
-    raise ConfigError(f"--cost-model {spec!r}: expected constant:SECONDS > 0")
+    return parse_cost_model(spec)
 
 
 @app.command("optimal")
