@@ -50,6 +50,42 @@ def _served_times(runs: list[int], iter_end: NDArray[np.float64]) -> NDArray[np.
     return np.concatenate([iter_end[runs[i] : runs[i + 1] + 1] for i in range(0, len(runs), 2)])
 
 
+_COLUMNS = (
+    "req_id",
+    "instance",
+    "class",
+    "priority",
+    "model",
+    "status",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "generated_tokens",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "atgt_s",
+    "max_gap_s",
+    "e2e_s",
+    "normalized_latency_s",
+    "finish_s",
+    "qoe",
+    "preemptions",
+    "swaps",
+    "slo_ttft_s",
+    "slo_tpot_s",
+    "slo_deadline_s",
+    "qoe_ttft_s",
+    "qoe_tokens_per_s",
+    "ttft_ok",
+    "tpot_ok",
+    "deadline_ok",
+    "slo_ok",
+    "reject_reason",
+)
+"""The request table's columns (also those of an empty run's table)."""
+
+
 def request_table(
     requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
 ) -> pd.DataFrame:
@@ -128,7 +164,8 @@ def request_table(
                 "reject_reason": r.reject_reason,
             }
         )
-    return pd.DataFrame(rows)
+    # columns= keeps a run without requests a table with the same columns
+    return pd.DataFrame(rows, columns=list(_COLUMNS))
 
 
 def _meets(target: float | None, value: float, observed: bool) -> float:
