@@ -409,7 +409,10 @@ def _build_config(
         if flag is None or err["type"] == "extra_forbidden":
             raise ConfigError(validation_message(e, source)) from None
         # the value came from a flag: name the flag, as a user typed it
-        raise ConfigError(f"{flag}: {error_text(err)}") from None
+        where = ".".join(
+            str(k) for k in err["loc"] if k in _FLAG_PATHS.get(flag[2:].replace("-", "_"), ())
+        )
+        raise ConfigError(f"{flag} ({where}): {error_text(err)}") from None
 
 
 ReplicasOpt = Annotated[

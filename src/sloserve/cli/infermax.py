@@ -36,9 +36,11 @@ from sloserve.cli._app import (
     _build_config,
     _with_flags,
     app,
+    bounded,
     console,
     reproduce_app,
 )
+from sloserve.core.bounds import Count, Index, Percent, Seconds, Seed, Tokens, Workers
 from sloserve.core.errors import ConfigError
 
 _LIMIT_FLAGS = ("profile", "max_running", "max_batch_tokens", "chunk_size", "kv_capacity")
@@ -60,13 +62,13 @@ def _cost_model(spec: str | None, profile: str) -> Any:
 def optimal(
     config: ConfigOpt = None,
     requests: Annotated[
-        int | None, typer.Option("--requests", help="N identical offline requests.")
+        int | None, bounded(Count, "--requests", help="N identical offline requests.")
     ] = None,
     input_tokens: Annotated[
-        int | None, typer.Option("--input", help="I: prompt tokens of each request.")
+        int | None, bounded(Tokens, "--input", help="I: prompt tokens of each request.")
     ] = None,
     output_tokens: Annotated[
-        int | None, typer.Option("--output", help="O: output tokens of each request.")
+        int | None, bounded(Tokens, "--output", help="O: output tokens of each request.")
     ] = None,
     cost_model: Annotated[
         str | None,
@@ -76,7 +78,7 @@ def optimal(
         str, typer.Option("--objective", help="latency (total), ttft, tpot or makespan.")
     ] = "latency",
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Solver wall-clock limit, seconds.")
+        float, bounded(Seconds, "--time-limit", help="Solver wall-clock limit, seconds.")
     ] = 10.0,
     det_limit: Annotated[
         float | None,
@@ -88,16 +90,18 @@ def optimal(
     ] = None,
     max_batches: Annotated[
         int | None,
-        typer.Option("--max-batches", help="J, batches in the model (default: the warm start's)."),
+        bounded(
+            Count, "--max-batches", help="J, batches in the model (default: the warm start's)."
+        ),
     ] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", help="CP-SAT workers (1: deterministic).")
+        int | None, bounded(Workers, "--workers", help="CP-SAT workers (1: deterministic).")
     ] = None,
-    solver_seed: Annotated[int, typer.Option("--solver-seed", help="CP-SAT random seed.")] = 0,
+    solver_seed: Annotated[int, bounded(Seed, "--solver-seed", help="CP-SAT random seed.")] = 0,
     no_eviction: Annotated[bool, typer.Option("--no-eviction", help="Forbid evictions.")] = False,
     min_evictions: Annotated[
         int,
-        typer.Option("--min-evictions", help="Require at least this many evictions."),
+        bounded(Index, "--min-evictions", help="Require at least this many evictions."),
     ] = 0,
     no_hybrid: Annotated[
         bool, typer.Option("--no-hybrid", help="Forbid prefill and decode in one batch.")
@@ -118,7 +122,7 @@ def optimal(
         typer.Option("--better-than", help="Require a schedule better than this policy's."),
     ] = None,
     by_pct: Annotated[
-        float, typer.Option("--by", help="... by at least this many percent (--better-than).")
+        float, bounded(Percent, "--by", help="... by at least this many percent (--better-than).")
     ] = 0.0,
     schedule_out: Annotated[
         Path | None, typer.Option("--schedule-out", help="Write the schedule as JSON here.")
@@ -314,7 +318,7 @@ def reproduce_infermax(
             "(default: all).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
+    seed: Annotated[int, bounded(Seed, "--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
     workers: Annotated[
         int | None,
         typer.Option(

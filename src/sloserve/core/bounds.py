@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import annotated_types as at
 import numpy as np
@@ -71,6 +71,8 @@ Weight = Annotated[float, Field(ge=0, le=MAX_FACTOR, allow_inf_nan=False)]
 """A non-negative relative weight."""
 GiB = Annotated[float, Field(ge=0, le=MAX_GIB, allow_inf_nan=False)]
 Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+Workers = Annotated[int, Field(ge=1, le=1024)]
+"""Worker processes or solver threads."""
 
 
 def _num(v: Any) -> str:
@@ -83,7 +85,13 @@ def _num(v: Any) -> str:
 
 def constraints(info: FieldInfo | Sequence[Any]) -> tuple[str | None, str | None]:
     """The lower and upper bound of a field as text (``'0 <'``, ``'≤ 1e+06'``), or None."""
-    meta = info.metadata if isinstance(info, FieldInfo) else info
+    meta = list(info.metadata) if isinstance(info, FieldInfo) else list(info)
+    if isinstance(info, FieldInfo) and not meta:
+        # ``Seconds | None``: the constraints sit on the Annotated member of the union
+        for arg in get_args(info.annotation):
+            meta += [
+                c for m in getattr(arg, "__metadata__", ()) for c in getattr(m, "metadata", [m])
+            ]
     low = high = None
     for m in meta:
         if isinstance(m, at.Gt):
