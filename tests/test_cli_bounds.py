@@ -249,14 +249,15 @@ def _walk(model: type[BaseModel], path: tuple[str, ...] = (), tags: Any = None) 
     tags = dict(tags or {})
     out: list[Leaf] = []
     for name, info in model.model_fields.items():
+        numeric = False
         for tp in _flatten(info.annotation):
             if isinstance(tp, type) and issubclass(tp, BaseModel):
                 kind = tp.model_fields.get("kind")
                 sub = {**tags, **({(*path, name): kind.default} if kind is not None else {})}
                 out += _walk(tp, (*path, name), sub)
-            elif tp in (int, float):
+            elif tp in (int, float) and not numeric:
+                numeric = True
                 out.append(((*path, name), tags, info))
-                break
     return out
 
 
@@ -306,7 +307,7 @@ def test_the_walk_finds_the_numeric_fields() -> None:
 
 
 @settings(
-    max_examples=60,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
