@@ -20,6 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from sloserve.cli._bounded import _field_at
 from sloserve.config import (
     deep_merge,
     error_text,
@@ -27,7 +28,7 @@ from sloserve.config import (
     set_path,
     validation_message,
 )
-from sloserve.core.bounds import bound_text, check_value, constraint_text
+from sloserve.core.bounds import constraint_text
 from sloserve.core.errors import ConfigError, SloserveError
 
 app = typer.Typer(
@@ -490,47 +491,6 @@ reproduce_app = typer.Typer(
 )
 """The ``reproduce`` group; ``sloserve.cli`` adds it to ``app`` after the other groups
 (``sloserve --help`` lists groups in the order they are added)."""
-
-
-def bounded(kind: Any, *decls: str, help: str, **kw: Any) -> Any:
-    """A typer option whose value must lie in the annotated type ``kind``
-    (:mod:`sloserve.core.bounds`): the check and the ``--help`` suffix come from ``kind``."""
-
-    def check(value: Any) -> Any:
-        if value is None:
-            return value
-        try:
-            return check_value(kind, value, decls[0])
-        except SloserveError as e:
-            raise typer.BadParameter(str(e).removeprefix(f"{decls[0]}: ")) from None
-
-    return typer.Option(*decls, help=f"{help} {bound_text(kind)}", callback=check, **kw)
-
-
-def _field_at(model: Any, path: tuple[str, ...]) -> Any:
-    """The pydantic FieldInfo at ``path`` below ``model`` (through optionals and unions)."""
-    info = None
-    for key in path:
-        info = None
-        for m in _models(model):
-            if key in m.model_fields:
-                info = m.model_fields[key]
-                break
-        if info is None:
-            return None
-        model = info.annotation
-    return info
-
-
-def _models(tp: Any) -> list[Any]:
-    """The pydantic models inside an annotation (``A | None``, ``Annotated[A | B, ...]``)."""
-    from typing import get_args
-
-    from pydantic import BaseModel
-
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return [tp]
-    return [m for a in get_args(tp) for m in _models(a)]
 
 
 _HELP_DONE = False

@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import bounded, console, reproduce_app
+from sloserve.cli._app import console, reproduce_app
+from sloserve.cli._bounded import bounded
 from sloserve.core.bounds import Seed, Workers
 
 

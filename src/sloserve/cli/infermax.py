@@ -36,10 +36,10 @@ from sloserve.cli._app import (
     _build_config,
     _with_flags,
     app,
-    bounded,
     console,
     reproduce_app,
 )
+from sloserve.cli._bounded import bounded
 from sloserve.core.bounds import Count, Index, Percent, Seconds, Seed, Tokens, Workers
 from sloserve.core.errors import ConfigError
 
