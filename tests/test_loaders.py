@@ -125,7 +125,7 @@ AZ_ROW = "2023-11-16 18:15:46.6805900,374,44\n"
             AZ_ROW + AZ_ROW + "2023-11-16 18:15:47.0,10,-5\n",
             ["line 4", "column GeneratedTokens", "-5"],
         ),
-        (AZ_ROW + "2023-11-16 18:15:47.0,0,5\n", ["line 3", "column ContextTokens", ">= 1"]),
+        (AZ_ROW + "2023-11-16 18:15:47.0,0,5\n", ["line 3", "column ContextTokens", "1 ≤ x"]),
         (AZ_ROW + "2023-11-16 18:15:47.0,12.5,5\n", ["line 3", "column ContextTokens", "integer"]),
     ],
     ids=["bad-timestamp", "non-numeric", "negative", "zero", "fraction"],

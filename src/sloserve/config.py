@@ -61,12 +61,19 @@ def set_path(d: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 def validation_message(e: ValidationError, source: str) -> str:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"] if not isinstance(x, int) or True)
-    msg = err["msg"]
     if err["type"] == "extra_forbidden":
         return f"{source}: unknown key {loc!r}"
+    return f"{source}: {loc}: {error_text(err)}"
+
+
+def error_text(err: Any) -> str:
+    """One pydantic error as text: the message and the value given (a validator's own
+    message already names its value)."""
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])
     got = err.get("input")
     shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-    return f"{source}: {loc}: {msg}{shown}"
+    return f"{err['msg']}{shown}"
 
 
 def validate(model: type[BaseModel], data: Mapping[str, Any], source: str) -> Any:

@@ -20,14 +20,16 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from sloserve.cli._bounded import _field_at
 from sloserve.config import (
     deep_merge,
+    error_text,
     read_yaml,
     set_path,
-    validate,
     validation_message,
 )
-from sloserve.core.errors import SloserveError
+from sloserve.core.bounds import constraint_text
+from sloserve.core.errors import ConfigError, SloserveError
 
 app = typer.Typer(
     name="sloserve",
@@ -410,7 +412,18 @@ def _build_config(
         not isinstance(policies, list) or not all(isinstance(p, str) for p in policies)
     ):
         raise SloserveError(f"{source}: 'policies' must be a list of policy names")
-    return validate(SimConfig, data, source), policies
+    try:
+        return SimConfig.model_validate(data), policies
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = flag_for(tuple(err["loc"]), flags)
+        if flag is None or err["type"] == "extra_forbidden":
+            raise ConfigError(validation_message(e, source)) from None
+        # the value came from a flag: name the flag, as a user typed it
+        where = ".".join(
+            str(k) for k in err["loc"] if k in _FLAG_PATHS.get(flag[2:].replace("-", "_"), ())
+        )
+        raise ConfigError(f"{flag} ({where}): {error_text(err)}") from None
 
 
 ReplicasOpt = Annotated[
@@ -511,18 +524,88 @@ reproduce_app = typer.Typer(
 (``sloserve --help`` lists groups in the order they are added)."""
 
 
-def main() -> None:
-    """Console-script entry point: user errors become one line and exit status 2."""
+_HELP_DONE = False
+
+
+def add_bound_help() -> None:
+    """Append each shared flag's bounds (``[0 < x ≤ 1e+06]``) to its help, read from the
+    config field it sets. Done only when help is shown: the models cost ~0.7 s of imports."""
+    global _HELP_DONE
+    if _HELP_DONE:
+        return
+    _HELP_DONE = True
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.experiments.runner import SimConfig
+
+    fields = {n: _field_at(SimConfig, path) for n, path in _FLAG_PATHS.items()}
+    fields["replicas"] = _field_at(ClusterConfig, ("replicas", "count"))
+    for name, info in fields.items():
+        opt: Any = _FLAG_OPTIONS.get(name) or {"replicas": ReplicasOpt}.get(name)
+        text = constraint_text(info) if info is not None else ""
+        if opt is None or not text:
+            continue
+        option = opt.__metadata__[0]
+        if option.help and not option.help.endswith("]"):
+            option.help = f"{option.help} {text}"
+
+
+def flag_for(loc: tuple[Any, ...], flags: dict[str, Any]) -> str | None:
+    """The command-line flag that set the config value at ``loc`` (union tags skipped)."""
+    keys = [str(k) for k in loc]
+    for name, path in _FLAG_PATHS.items():
+        if flags.get(name) is None:
+            continue
+        it = iter(keys)
+        if keys and keys[0] == path[0] and keys[-1] == path[-1] and all(k in it for k in path):
+            return "--" + name.replace("_", "-")
+    return None
+
+
+def _one_line(msg: str) -> None:
+    line = " ".join(part.strip() for part in msg.splitlines() if part.strip())
+    err_console.print(f"sloserve: error: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _usage_message(e: Any) -> str:
+    msg: str = e.format_message()
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None and msg.startswith("No such command"):
+        group = ctx.command
+        if hasattr(group, "list_commands"):
+            names = ", ".join(group.list_commands(ctx))
+            where = ctx.command_path.split(" ", 1)[1] + " " if " " in ctx.command_path else ""
+            msg = f"{msg.rstrip('.')}; valid {where}commands: {names}"
+    return msg
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: user errors become one line and exit status 2.
+
+    Click runs with ``standalone_mode=False`` so that its usage errors (a bad value, an
+    unknown option or command, a missing argument) reach us as exceptions and get the same
+    one line as every other mistake, instead of click's multi-line box."""
+    # typer vendors click; its exceptions are the ones a typer command raises
+    from typer._click import exceptions as click
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or any(a in ("--help", "-h") for a in args):
+        add_bound_help()
+    command = typer.main.get_command(app)
     try:
-        app()
+        code = command.main(args=args, prog_name="sloserve", standalone_mode=False)
+    except click.NoArgsIsHelpError as e:
+        e.show()  # `sloserve` or a group with no arguments: its help, as click shows it
+        sys.exit(2)
+    except click.ClickException as e:
+        _one_line(_usage_message(e))
+        sys.exit(2)
+    except typer.Abort:
+        err_console.print("sloserve: aborted", markup=False, highlight=False)
+        sys.exit(130)
     except SloserveError as e:
-        err_console.print(f"sloserve: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        _one_line(str(e))
         sys.exit(2)
     except ValidationError as e:
-        err_console.print(
-            f"sloserve: error: {validation_message(e, 'input')}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        _one_line(validation_message(e, "input"))
         sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
+from sloserve.cli._bounded import bounded
+from sloserve.core.bounds import Seed, Workers
 
 
 @reproduce_app.command("andes")
@@ -19,9 +21,9 @@ def reproduce_andes(
     quick: Annotated[
         bool, typer.Option("--quick", help="Reduced grid on one profile (under 2 minutes).")
     ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Workload seed.")] = 0,
+    seed: Annotated[int, bounded(Seed, "--seed", help="Workload seed.")] = 0,
     workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
+        int | None, bounded(Workers, "--workers", help="Parallel processes (default: cores).")
     ] = None,
     executor: ExecutorOpt = None,
     burstgpt: Annotated[

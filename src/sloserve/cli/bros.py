@@ -10,6 +10,8 @@ import typer
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
+from sloserve.cli._bounded import bounded
+from sloserve.core.bounds import Seed, Workers
 from sloserve.core.errors import ConfigError
 
 
@@ -48,9 +50,9 @@ def reproduce_bros(
     quick: Annotated[
         bool, typer.Option("--quick", help="Reduced grid (under 2 minutes on 2 cores).")
     ] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Workload seed.")] = 0,
+    seed: Annotated[int, bounded(Seed, "--seed", help="Workload seed.")] = 0,
     workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="Parallel processes (default: cores).")
+        int | None, bounded(Workers, "--workers", help="Parallel processes (default: cores).")
     ] = None,
     executor: ExecutorOpt = None,
     policies: Annotated[

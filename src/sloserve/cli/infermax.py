@@ -40,6 +40,8 @@ from sloserve.cli._app import (
     console,
     reproduce_app,
 )
+from sloserve.cli._bounded import bounded
+from sloserve.core.bounds import Count, Index, Percent, Seconds, Seed, Tokens, Workers
 from sloserve.core.errors import ConfigError
 
 _LIMIT_FLAGS = ("profile", "max_running", "max_batch_tokens", "chunk_size", "kv_capacity")
@@ -48,18 +50,12 @@ _REL_TOL = 1e-6
 
 
 def _cost_model(spec: str | None, profile: str) -> Any:
-    from sloserve.costmodel.base import ConstantCostModel
+    from sloserve.costmodel.base import parse_cost_model
     from sloserve.costmodel.profile import load_profile
 
     if spec is None:
         return load_profile(profile).cost_model()
-    kind, _, arg = spec.partition(":")
-    try:
-        if kind == "constant":
-            return ConstantCostModel(float(arg))
-    except ValueError:
-        pass
-    raise ConfigError(f"--cost-model {spec!r}: expected constant:SECONDS > 0")
+    return parse_cost_model(spec)
 
 
 @app.command("optimal")
@@ -67,13 +63,13 @@ def _cost_model(spec: str | None, profile: str) -> Any:
 def optimal(
     config: ConfigOpt = None,
     requests: Annotated[
-        int | None, typer.Option("--requests", help="N identical offline requests.")
+        int | None, bounded(Count, "--requests", help="N identical offline requests.")
     ] = None,
     input_tokens: Annotated[
-        int | None, typer.Option("--input", help="I: prompt tokens of each request.")
+        int | None, bounded(Tokens, "--input", help="I: prompt tokens of each request.")
     ] = None,
     output_tokens: Annotated[
-        int | None, typer.Option("--output", help="O: output tokens of each request.")
+        int | None, bounded(Tokens, "--output", help="O: output tokens of each request.")
     ] = None,
     cost_model: Annotated[
         str | None,
@@ -83,7 +79,7 @@ def optimal(
         str, typer.Option("--objective", help="latency (total), ttft, tpot or makespan.")
     ] = "latency",
     time_limit: Annotated[
-        float, typer.Option("--time-limit", help="Solver wall-clock limit, seconds.")
+        float, bounded(Seconds, "--time-limit", help="Solver wall-clock limit, seconds.")
     ] = 10.0,
     det_limit: Annotated[
         float | None,
@@ -95,16 +91,18 @@ def optimal(
     ] = None,
     max_batches: Annotated[
         int | None,
-        typer.Option("--max-batches", help="J, batches in the model (default: the warm start's)."),
+        bounded(
+            Count, "--max-batches", help="J, batches in the model (default: the warm start's)."
+        ),
     ] = None,
     workers: Annotated[
-        int | None, typer.Option("--workers", help="CP-SAT workers (1: deterministic).")
+        int | None, bounded(Workers, "--workers", help="CP-SAT workers (1: deterministic).")
     ] = None,
-    solver_seed: Annotated[int, typer.Option("--solver-seed", help="CP-SAT random seed.")] = 0,
+    solver_seed: Annotated[int, bounded(Seed, "--solver-seed", help="CP-SAT random seed.")] = 0,
     no_eviction: Annotated[bool, typer.Option("--no-eviction", help="Forbid evictions.")] = False,
     min_evictions: Annotated[
         int,
-        typer.Option("--min-evictions", help="Require at least this many evictions."),
+        bounded(Index, "--min-evictions", help="Require at least this many evictions."),
     ] = 0,
     no_hybrid: Annotated[
         bool, typer.Option("--no-hybrid", help="Forbid prefill and decode in one batch.")
@@ -125,7 +123,7 @@ def optimal(
         typer.Option("--better-than", help="Require a schedule better than this policy's."),
     ] = None,
     by_pct: Annotated[
-        float, typer.Option("--by", help="... by at least this many percent (--better-than).")
+        float, bounded(Percent, "--by", help="... by at least this many percent (--better-than).")
     ] = 0.0,
     schedule_out: Annotated[
         Path | None, typer.Option("--schedule-out", help="Write the schedule as JSON here.")
@@ -321,7 +319,7 @@ def reproduce_infermax(
             "(default: all).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
+    seed: Annotated[int, bounded(Seed, "--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
     workers: Annotated[
         int | None,
         typer.Option(

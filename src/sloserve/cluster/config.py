@@ -24,6 +24,7 @@ from sloserve.cluster.controller import AutoscalerConfig
 from sloserve.cluster.models import ModelOverride, TransferConfig
 from sloserve.cluster.routing import check_router
 from sloserve.config import validate
+from sloserve.core.bounds import MAX_COUNT, MAX_GIB, MAX_SECONDS, MAX_TOKENS
 from sloserve.core.errors import ConfigError
 from sloserve.costmodel.profile import load_profile
 from sloserve.policies.registry import make_policy
@@ -42,21 +43,33 @@ class ReplicaGroup(BaseModel):
     policy_params: dict[str, Any] | None = Field(
         default=None, description="the policy's parameters; unset: the run's"
     )
-    start_s: float = Field(default=0.0, ge=0, description="when the replicas join the cluster")
+    start_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="when the replicas join the cluster",
+    )
     model: str | None = Field(
         default=None, description="model served (routing key); unset: the profile's model name"
     )
-    max_running: int | None = Field(default=None, ge=1, description="R_max override")
-    max_batch_tokens: int | None = Field(default=None, ge=1, description="C override")
-    chunk_size: int | None = Field(default=None, ge=1, description="P override")
-    block_size: int | None = Field(default=None, ge=1, description="KV block size override")
+    max_running: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="R_max override")
+    max_batch_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="C override"
+    )
+    chunk_size: int | None = Field(default=None, ge=1, le=MAX_TOKENS, description="P override")
+    block_size: int | None = Field(
+        default=None, ge=1, le=MAX_TOKENS, description="KV block size override"
+    )
     kv_utilization: float | None = Field(
-        default=None, gt=0, le=1, description="GPU memory fraction override"
+        default=None, gt=0, le=1, allow_inf_nan=False, description="GPU memory fraction override"
     )
     kv_capacity_tokens: int | None = Field(
         default=None, ge=1, le=50_000_000, description="M override, in tokens"
     )
-    cpu_swap_gib: float | None = Field(default=None, ge=0, description="CPU swap tier override")
+    cpu_swap_gib: float | None = Field(
+        default=None, ge=0, le=MAX_GIB, allow_inf_nan=False, description="CPU swap tier override"
+    )
     gpu_hour_usd: float | None = Field(
         default=None,
         ge=0,
@@ -88,10 +101,14 @@ class Failure(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    replica: int = Field(ge=0, description="replica index (0.., in group order)")
-    at_s: float = Field(ge=0, description="failure time")
+    replica: int = Field(ge=0, le=MAX_COUNT, description="replica index (0.., in group order)")
+    at_s: float = Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="failure time")
     recover_s: float | None = Field(
-        default=None, description="recovery time (> at_s); unset: never"
+        default=None,
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="recovery time (> at_s); unset: never",
     )
 
 
@@ -100,8 +117,8 @@ class Drain(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    replica: int = Field(ge=0, description="replica index (0.., in group order)")
-    at_s: float = Field(ge=0, description="drain time")
+    replica: int = Field(ge=0, le=MAX_COUNT, description="replica index (0.., in group order)")
+    at_s: float = Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="drain time")
 
 
 class ModelSwap(BaseModel):

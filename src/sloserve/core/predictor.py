@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from sloserve.core.bounds import Tokens, check_value
 from sloserve.core.errors import ConfigError, UnknownNameError
 from sloserve.core.request import Request
 
@@ -40,9 +41,7 @@ class ConstantPredictor(OutputLengthPredictor):
     """Predicts the same length for every request, capped by the client's ``max_tokens``."""
 
     def __init__(self, tokens: int) -> None:
-        if tokens < 1:
-            raise ConfigError(f"predictor constant:{tokens}: length must be >= 1")
-        self.tokens = tokens
+        self.tokens = check_value(Tokens, tokens, f"predictor constant:{tokens}")
         self.name = f"constant:{tokens}"
 
     def predict(self, req: Request) -> int:
@@ -55,7 +54,7 @@ class MaxTokensPredictor(OutputLengthPredictor):
     """Predicts the client's ``max_tokens`` (what a real engine can reserve), else a default."""
 
     def __init__(self, default: int = 2048) -> None:
-        self.default = default
+        self.default = check_value(Tokens, default, f"predictor max-tokens:{default}")
         self.name = f"max-tokens:{default}"
 
     def predict(self, req: Request) -> int:
@@ -68,11 +67,20 @@ def _constant(arg: str | None) -> OutputLengthPredictor:
     try:
         return ConstantPredictor(int(arg))
     except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
         raise ConfigError(f"predictor constant:{arg}: length must be an integer") from e
 
 
 def _max_tokens(arg: str | None) -> OutputLengthPredictor:
-    return MaxTokensPredictor(int(arg)) if arg else MaxTokensPredictor()
+    if not arg:
+        return MaxTokensPredictor()
+    try:
+        return MaxTokensPredictor(int(arg))
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"predictor max-tokens:{arg}: length must be an integer") from e
 
 
 _PREDICTORS: dict[str, Callable[[str | None], OutputLengthPredictor]] = {

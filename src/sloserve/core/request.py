@@ -20,6 +20,7 @@ its client timeline is ``streamed_times`` followed by the new replica's tokens b
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 from sloserve.core.errors import InvalidTransition
@@ -78,8 +79,8 @@ class SLO:
     def __post_init__(self) -> None:
         for name in ("ttft_s", "tpot_s", "deadline_s"):
             v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise ValueError(f"SLO.{name} must be > 0, got {v}")
+            if v is not None and not 0 < v < math.inf:
+                raise ValueError(f"SLO.{name} must be a finite time > 0, got {v}")
 
     @property
     def empty(self) -> bool:
@@ -94,10 +95,12 @@ class QoESpec:
     tokens_per_s: float
 
     def __post_init__(self) -> None:
-        if not self.ttft_s >= 0:
-            raise ValueError(f"QoESpec.ttft_s must be >= 0, got {self.ttft_s}")
-        if not self.tokens_per_s > 0:
-            raise ValueError(f"QoESpec.tokens_per_s must be > 0, got {self.tokens_per_s}")
+        if not 0 <= self.ttft_s < math.inf:
+            raise ValueError(f"QoESpec.ttft_s must be a finite time >= 0, got {self.ttft_s}")
+        if not 0 < self.tokens_per_s < math.inf:
+            raise ValueError(
+                f"QoESpec.tokens_per_s must be finite and > 0, got {self.tokens_per_s}"
+            )
 
 
 _LIVE_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)

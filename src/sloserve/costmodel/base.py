@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from sloserve.core.bounds import Seconds, Time, bound_text, check_value
+from sloserve.core.errors import ConfigError, UnknownNameError
+
 
 @dataclass(frozen=True, slots=True)
 class BatchStats:
@@ -109,8 +112,8 @@ class ConstantCostModel(CostModel):
     """
 
     def __init__(self, iteration_s: float = 0.01, swap_s_per_token: float = 0.0) -> None:
-        if not iteration_s > 0:
-            raise ValueError("iteration_s must be > 0")
+        iteration_s = check_value(Seconds, iteration_s, "constant cost model: iteration_s")
+        swap_s_per_token = check_value(Time, swap_s_per_token, "constant cost model: swap_s")
         self.iteration_s = iteration_s
         self.swap_s_per_token = swap_s_per_token
         self.name = f"constant:{iteration_s}"
@@ -125,3 +128,27 @@ class ConstantCostModel(CostModel):
         self, stats: BatchStats, steps: int, prefill_work_step: int = 0
     ) -> NDArray[np.float64]:
         return np.full(steps, self.batch_time(stats))
+
+
+COST_MODEL_SPECS = ("constant:SECONDS",)
+"""The ``cost_model`` strings a config accepts (unset: the profile's own model)."""
+
+
+def parse_cost_model(spec: str) -> CostModel:
+    """``constant:SECONDS`` as a cost model; SECONDS within :data:`~sloserve.core.bounds.Seconds`.
+
+    Raises :class:`~sloserve.core.errors.ConfigError` naming the spec and the valid forms.
+    """
+    kind, sep, arg = spec.partition(":")
+    if kind != "constant" or not sep:
+        raise UnknownNameError(
+            f"unknown cost model {spec!r}; valid: {', '.join(COST_MODEL_SPECS)} "
+            "(or unset for the profile's)"
+        )
+    try:
+        seconds = float(arg)
+    except ValueError:
+        raise ConfigError(
+            f"cost model {spec!r}: SECONDS must be a number {bound_text(Seconds)}"
+        ) from None
+    return ConstantCostModel(check_value(Seconds, seconds, f"cost model {spec!r}"))

@@ -14,12 +14,13 @@ from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from sloserve.core.bounds import Count, Fraction, GiB, Seconds, Tokens
 from sloserve.core.errors import ConfigError
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request, RequestStatus
-from sloserve.costmodel.base import ConstantCostModel, CostModel
+from sloserve.costmodel.base import CostModel, parse_cost_model
 from sloserve.costmodel.profile import GIB, ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
@@ -46,15 +47,11 @@ class InstanceConfig(BaseModel):
     profile: str = Field(
         default="llama-2-7b-a100", description="built-in profile name or YAML path"
     )
-    max_running: int = Field(default=256, ge=1, description="R_max: requests holding KV at once")
-    max_batch_tokens: int = Field(default=4096, ge=1, description="C: tokens per iteration")
-    chunk_size: int | None = Field(
-        default=None, ge=1, description="P: prefill tokens per iteration"
-    )
-    block_size: int = Field(default=16, ge=1, description="KV block size in tokens (1 = exact)")
-    kv_utilization: float = Field(
-        default=0.9, gt=0, le=1, description="GPU memory fraction for vLLM"
-    )
+    max_running: Count = Field(default=256, description="R_max: requests holding KV at once")
+    max_batch_tokens: Tokens = Field(default=4096, description="C: tokens per iteration")
+    chunk_size: Tokens | None = Field(default=None, description="P: prefill tokens per iteration")
+    block_size: Tokens = Field(default=16, description="KV block size in tokens (1 = exact)")
+    kv_utilization: Fraction = Field(default=0.9, description="GPU memory fraction for vLLM")
     kv_capacity_tokens: int | None = Field(
         default=None,
         ge=1,
@@ -63,12 +60,25 @@ class InstanceConfig(BaseModel):
         le=50_000_000,
         description="M override, in tokens (at most 50,000,000)",
     )
-    cpu_swap_gib: float = Field(default=4.0, ge=0, description="host memory for swapped KV")
+    cpu_swap_gib: GiB = Field(default=4.0, description="host memory for swapped KV")
     predictor: str = Field(default="oracle", description="output-length predictor for policies")
     cost_model: str | None = Field(
         default=None, description="'constant:SECONDS' instead of the profile"
     )
     multi_step: bool = Field(default=True, description="advance repeatable decode runs in one step")
+
+    @field_validator("predictor")
+    @classmethod
+    def _known_predictor(cls, v: str) -> str:
+        make_predictor(v)  # unknown names and bad arguments fail here, before anything runs
+        return v
+
+    @field_validator("cost_model")
+    @classmethod
+    def _known_cost_model(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_cost_model(v)
+        return v
 
 
 class SimConfig(BaseModel):
@@ -80,9 +90,7 @@ class SimConfig(BaseModel):
     instance: InstanceConfig = Field(default_factory=InstanceConfig)
     policy: str = "vllm"
     policy_params: dict[str, Any] = Field(default_factory=dict)
-    horizon_s: float | None = Field(
-        default=None, gt=0, description="abort what is left at this time"
-    )
+    horizon_s: Seconds | None = Field(default=None, description="abort what is left at this time")
 
 
 @dataclass
@@ -114,17 +122,7 @@ class RunResult:
 def _cost_model(cfg: InstanceConfig, profile: ReplicaProfile) -> CostModel:
     if cfg.cost_model is None:
         return profile.cost_model()
-    kind, _, arg = cfg.cost_model.partition(":")
-    if kind == "constant":
-        try:
-            return ConstantCostModel(float(arg))
-        except ValueError as e:
-            raise ConfigError(
-                f"cost_model {cfg.cost_model!r}: expected constant:SECONDS > 0"
-            ) from e
-    raise ConfigError(
-        f"unknown cost_model {cfg.cost_model!r}; valid: constant:SECONDS (or unset for the profile)"
-    )
+    return parse_cost_model(cfg.cost_model)
 
 
 def fresh(requests: Sequence[Request]) -> list[Request]:

@@ -13,6 +13,8 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sloserve.core.bounds import MAX_TOKENS, Tokens
+
 
 class _Dist(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -22,7 +24,7 @@ class FixedLength(_Dist):
     """Every request has the same length."""
 
     kind: Literal["fixed"] = "fixed"
-    value: int = Field(ge=1)
+    value: Tokens
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         return np.full(n, self.value, dtype=np.int64)
@@ -32,8 +34,8 @@ class UniformLength(_Dist):
     """Uniform integers in [low, high], both inclusive."""
 
     kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _order(self) -> UniformLength:
@@ -51,16 +53,18 @@ class LognormalLength(_Dist):
     lognormal is the usual right-skewed fit for them."""
 
     kind: Literal["lognormal"] = "lognormal"
-    mean: float = Field(gt=0)
-    std: float = Field(gt=0)
-    min: int = Field(default=1, ge=1)
-    max: int | None = Field(default=None, ge=1)
+    mean: float = Field(ge=1, le=MAX_TOKENS, allow_inf_nan=False)
+    std: float = Field(gt=0, le=MAX_TOKENS, allow_inf_nan=False)
+    min: Tokens = 1
+    max: Tokens | None = None
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.int64]:
         sigma2 = math.log1p((self.std / self.mean) ** 2)
         mu = math.log(self.mean) - sigma2 / 2
-        x = np.rint(rng.lognormal(mu, math.sqrt(sigma2), size=n)).astype(np.int64)
-        return np.clip(x, self.min, self.max if self.max is not None else None)
+        x = np.rint(rng.lognormal(mu, math.sqrt(sigma2), size=n))
+        # clip in floats first: a heavy tail may exceed int64
+        hi = self.max if self.max is not None else MAX_TOKENS
+        return np.clip(x, self.min, hi).astype(np.int64)
 
 
 LengthDist = Annotated[FixedLength | UniformLength | LognormalLength, Field(discriminator="kind")]

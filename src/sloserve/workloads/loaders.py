@@ -41,7 +41,9 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from sloserve.core.bounds import Index, Time, Tokens, bound_text, first_violation
 from sloserve.core.errors import WorkloadError
+from sloserve.workloads.trace import COLUMN_BOUNDS
 
 TraceFormat = Literal["sloserve", "azure", "burstgpt", "sharegpt", "table"]
 TOKENS_PER_WORD = 1.3  # Andes' approximation ("one word as 1.3 tokens on average")
@@ -107,11 +109,15 @@ def _tokens(
     df: pd.DataFrame, col: str, path: Path, *, allow_zero: bool = False, line_offset: int = 2
 ) -> np.ndarray:
     v = _numeric_col(df, col, path, line_offset=line_offset)
-    low = 0 if allow_zero else 1
-    bad = (v < low) | (v != np.floor(v))
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise _fail(path, i + line_offset, col, f"must be an integer >= {low} ({v[i]})")
+    kind = Index if allow_zero else Tokens
+    i = first_violation(kind, v)
+    if i is not None:
+        raise _fail(
+            path,
+            i + line_offset,
+            col,
+            f"must be an integer number of tokens {bound_text(kind)} ({df[col].iloc[i]})",
+        )
     return v.astype(np.int64)
 
 
@@ -143,6 +149,14 @@ def _order(t: TraceTable, path: Path, lines: np.ndarray, strict: bool, column: s
     start = float(t.df["arrival_s"].iloc[0])
     if start != 0.0:
         t.df["arrival_s"] = t.df["arrival_s"] - start
+    # Times are relative to the first row by now (epoch timestamps are fine): bound the span.
+    rel = t.df["arrival_s"].to_numpy(dtype=np.float64)
+    j = first_violation(Time, rel)
+    if j is not None:
+        raise WorkloadError(
+            f"{path}, column {column}: the trace spans {rel[j]:.6g} s from its first arrival; "
+            f"at most {bound_text(Time)}"
+        )
     return t
 
 
@@ -405,7 +419,16 @@ def load_table(
         "qoe_tokens_per_s",
     ):
         if ours in columns:
-            out[ours] = pd.to_numeric(df[columns[ours]], errors="coerce").to_numpy()
+            raw = df[columns[ours]]
+            v = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+            # an empty or non-numeric cell falls back to the class rule; a number is bounded
+            kind = COLUMN_BOUNDS[ours]
+            i = first_violation(kind, np.where(np.isnan(v), _IN_BOUNDS, v))
+            if i is not None:
+                raise _fail(
+                    p, i + off, columns[ours], f"must be {bound_text(kind)} ({raw.iloc[i]})"
+                )
+            out[ours] = v
     t = TraceTable(out, f"table:{p.name}")
     if "arrival_s" in columns:
         col = columns["arrival_s"]
@@ -449,6 +472,7 @@ KNOWN_COLUMNS = (
     "qoe_ttft_s",
     "qoe_tokens_per_s",
 )
+_IN_BOUNDS = 1.0  # stands in for an empty optional cell when bounds are checked
 _COLSPEC = re.compile(r"^\s*([a-z_]+)\s*=\s*(.+?)\s*$")
 
 

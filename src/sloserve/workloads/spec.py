@@ -34,6 +34,21 @@ import pandas as pd
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sloserve.core.bounds import (
+    MAX_COUNT,
+    MAX_RATE,
+    MAX_SECONDS,
+    MAX_TOKENS,
+    Count,
+    Factor,
+    Fraction,
+    Priority,
+    Seconds,
+    Seed,
+    Time,
+    TokenRate,
+    Weight,
+)
 from sloserve.core.errors import WorkloadError
 from sloserve.core.request import SLO, QoESpec, Request, RequestClass
 from sloserve.workloads.arrivals import ArrivalProcess, PoissonArrivals
@@ -47,10 +62,10 @@ class ClassRule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ttft_s: float | None = Field(default=None, gt=0)
-    tpot_s: float | None = Field(default=None, gt=0)
-    deadline_s: float | None = Field(default=None, gt=0)
-    priority: int = 0
+    ttft_s: Seconds | None = None
+    tpot_s: Seconds | None = None
+    deadline_s: Seconds | None = None
+    priority: Priority = 0
 
     def slo(self) -> SLO:
         return SLO(self.ttft_s, self.tpot_s, self.deadline_s)
@@ -94,9 +109,9 @@ class NormalSpeed(_Speed):
     """Reading speeds from a normal distribution, clipped below at ``min``."""
 
     kind: Literal["normal"] = "normal"
-    mean: float = Field(gt=0)
-    std: float = Field(ge=0)
-    min: float = Field(default=0.5, gt=0)
+    mean: TokenRate
+    std: float = Field(ge=0, le=MAX_RATE, allow_inf_nan=False)
+    min: TokenRate = 0.5
 
     def sample(self, rng: np.random.Generator, n: int) -> NDArray[np.float64]:
         return np.maximum(rng.normal(self.mean, self.std, size=n), self.min)
@@ -106,8 +121,8 @@ class ChoiceSpeed(_Speed):
     """Reading speeds from a discrete set (e.g. demographic groups) with weights."""
 
     kind: Literal["choice"] = "choice"
-    values: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
-    weights: list[Annotated[float, Field(ge=0)]] | None = None
+    values: list[TokenRate] = Field(min_length=1)
+    weights: list[Weight] | None = None
 
     @model_validator(mode="after")
     def _match(self) -> ChoiceSpeed:
@@ -142,10 +157,10 @@ class QoERule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ttft_s: float | None = Field(default=None, ge=0)
-    prefill_tokens_per_s: float = Field(default=5000.0, gt=0)
-    min_ttft_s: float = Field(default=1.0, ge=0)
-    tokens_per_s: Annotated[float, Field(gt=0)] | Literal["reading", "listening"] | SpeedDist = 4.8
+    ttft_s: Time | None = None
+    prefill_tokens_per_s: TokenRate = 5000.0
+    min_ttft_s: Time = 1.0
+    tokens_per_s: TokenRate | Literal["reading", "listening"] | SpeedDist = 4.8
 
     def ttft(self, prompt_tokens: int) -> float:
         if self.ttft_s is not None:
@@ -170,11 +185,13 @@ class ReplayOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    start_s: float = Field(default=0.0, ge=0, description="window start (trace time)")
-    end_s: float | None = Field(default=None, gt=0, description="window end (trace time)")
-    speedup: float = Field(default=1.0, gt=0, description="k: replay k× faster (rate × k)")
-    sample: float | None = Field(default=None, gt=0, le=1, description="keep this fraction")
-    max_context: int | None = Field(default=None, ge=2, description="cap prompt+output")
+    start_s: Time = Field(default=0.0, description="window start (trace time)")
+    end_s: Seconds | None = Field(default=None, description="window end (trace time)")
+    speedup: Factor = Field(default=1.0, description="k: replay k× faster (rate × k)")
+    sample: Fraction | None = Field(default=None, description="keep this fraction")
+    max_context: int | None = Field(
+        default=None, ge=2, le=MAX_TOKENS, description="cap prompt+output"
+    )
     cap: Literal["clip", "drop"] = Field(default="clip", description="clip or drop over the cap")
     class_from: Literal["log_type", "model", "class"] | None = Field(
         default=None, description="trace column mapped to the request class"
@@ -197,10 +214,10 @@ class BatchJobs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mix: str = "be-synthetic"
-    batch_size: int = Field(default=64, ge=1)
-    num_batches: int | None = Field(default=None, ge=1, description="default: until duration_s")
-    start_s: float = Field(default=0.0, ge=0)
-    gap_s: float = Field(default=0.0, ge=0)
+    batch_size: int = Field(default=64, ge=1, le=1_000_000)
+    num_batches: Count | None = Field(default=None, description="default: until duration_s")
+    start_s: Time = 0.0
+    gap_s: Time = 0.0
     req_class: RequestClass = RequestClass.BE
 
     @model_validator(mode="after")
@@ -226,12 +243,10 @@ class WorkloadSpec(BaseModel):
     tokenizer: str | None = Field(default=None, description="ShareGPT: local tokenizer.json")
     replay: ReplayOptions = Field(default_factory=ReplayOptions)
     arrival: ArrivalProcess = Field(default_factory=lambda: PoissonArrivals(rate=4.0))
-    duration_s: float | None = Field(
-        default=600.0, gt=0, description="arrival window (traces: only if set explicitly)"
+    duration_s: Seconds | None = Field(
+        default=600.0, description="arrival window (traces: only if set explicitly)"
     )
-    num_requests: int | None = Field(
-        default=None, ge=1, description="cap on the number of requests"
-    )
+    num_requests: Count | None = Field(default=None, description="cap on the number of requests")
     prompt: LengthDist | None = Field(
         default=None, description="overrides the mix's prompt lengths"
     )
@@ -239,9 +254,9 @@ class WorkloadSpec(BaseModel):
         default=None, description="overrides the mix's output lengths"
     )
     max_context: int | None = Field(
-        default=None, ge=2, description="clip sampled prompt+output to this"
+        default=None, ge=2, le=MAX_TOKENS, description="clip sampled prompt+output to this"
     )
-    classes: dict[RequestClass, float] | None = Field(
+    classes: dict[RequestClass, Weight] | None = Field(
         default=None,
         description="class fractions, e.g. {rt: 0.8, be: 0.2}; default: the mix's class",
     )
@@ -253,7 +268,7 @@ class WorkloadSpec(BaseModel):
     )
     qoe: QoERule = Field(default_factory=QoERule)
     batch_jobs: BatchJobs | None = None
-    seed: int = 0
+    seed: Seed = 0
 
     @model_validator(mode="after")
     def _bounded(self) -> WorkloadSpec:
@@ -261,6 +276,16 @@ class WorkloadSpec(BaseModel):
             get_mix(self.mix)
             if self.duration_s is None and self.num_requests is None:
                 raise ValueError("set duration_s or num_requests (or both)")
+        if (
+            self.num_requests is None
+            and self.duration_s is not None
+            and self.arrival.rate * self.duration_s > MAX_COUNT
+        ):
+            # a cap declared with the bounds: more requests than int64 indices / memory hold
+            raise ValueError(
+                f"rate × duration_s = {self.arrival.rate * self.duration_s:.3g} requests; "
+                f"at most {MAX_COUNT:.0e} (lower one, or set num_requests)"
+            )
         fractions = list((self.classes or {}).values())
         if self.classes is not None and (any(v < 0 for v in fractions) or sum(fractions) <= 0):
             raise ValueError("class fractions must be >= 0 and not all 0")
@@ -445,6 +470,11 @@ def apply_replay(
             f"keeps {len(df)} of {n0} requests"
         )
     df["arrival_s"] = (df["arrival_s"] - opts.start_s) / opts.speedup
+    if len(df) and float(df["arrival_s"].max()) > MAX_SECONDS:
+        raise WorkloadError(
+            f"{spec.trace}: replayed {opts.speedup}× the trace spans "
+            f"{float(df['arrival_s'].max()):.6g} s; at most {MAX_SECONDS:g} s (raise speedup)"
+        )
     if opts.speedup != 1.0:
         notes.append(f"replayed {opts.speedup}× faster")
     if opts.sample is not None and opts.sample < 1.0:

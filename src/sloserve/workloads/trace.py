@@ -10,16 +10,46 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from sloserve.core.bounds import (
+    Priority,
+    Seconds,
+    Time,
+    TokenRate,
+    Tokens,
+    bound_text,
+    first_violation,
+)
 from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import WorkloadError
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
+COLUMN_BOUNDS: dict[str, Any] = {
+    "arrival_s": Time,
+    "prompt_tokens": Tokens,
+    "output_tokens": Tokens,
+    "priority": Priority,
+    "ttft_slo_s": Seconds,
+    "tpot_slo_s": Seconds,
+    "deadline_s": Seconds,
+    "qoe_ttft_s": Time,
+    "qoe_tokens_per_s": TokenRate,
+}
+"""The bounds of every numeric trace column (the same types as the config fields)."""
+# An empty optional cell (NaN) falls back to the class rule; checked as an in-bounds value.
+_FILL = {
+    "ttft_slo_s": 1.0,
+    "tpot_slo_s": 1.0,
+    "deadline_s": 1.0,
+    "qoe_ttft_s": 1.0,
+    "qoe_tokens_per_s": 1.0,
+}
 
 
 @dataclass
@@ -75,11 +105,11 @@ def read_trace(path: str | Path) -> TraceColumns:
     if len(df) == 0:
         raise WorkloadError(f"{p}: the trace has no rows")
     arrival = _numeric(df, "arrival_s", p, _line)
-    bad_arrival = (arrival < 0) | ~np.isfinite(arrival)
-    if bad_arrival.any():
-        i = int(np.flatnonzero(bad_arrival)[0])
+    i = first_violation(Time, arrival)
+    if i is not None:
         raise WorkloadError(
-            f"{p}: line {_line(i)}, column arrival_s: must be a finite time >= 0 ({arrival[i]})"
+            f"{p}: line {_line(i)}, column arrival_s: must be a time in seconds "
+            f"{bound_text(Time)} ({df['arrival_s'].iloc[i]})"
         )
     dec = np.flatnonzero(np.diff(arrival) < 0)
     if dec.size:
@@ -91,12 +121,11 @@ def read_trace(path: str | Path) -> TraceColumns:
     ints: dict[str, NDArray[np.int64]] = {}
     for col in ("prompt_tokens", "output_tokens"):
         v = _numeric(df, col, p, _line)
-        with np.errstate(invalid="ignore"):
-            bad = ~np.isfinite(v) | (v < 1) | (v != np.floor(v))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
+        i = first_violation(Tokens, v)
+        if i is not None:
             raise WorkloadError(
-                f"{p}: line {_line(i)}, column {col}: must be an integer >= 1 ({v[i]})"
+                f"{p}: line {_line(i)}, column {col}: must be an integer number of tokens "
+                f"{bound_text(Tokens)} ({df[col].iloc[i]})"
             )
         ints[col] = v.astype(np.int64)
     req_class = None
@@ -112,12 +141,11 @@ def read_trace(path: str | Path) -> TraceColumns:
     priority = None
     if "priority" in df.columns:
         pr = _numeric(df, "priority", p, _line)
-        with np.errstate(invalid="ignore"):
-            bad = ~np.isnan(pr) & (~np.isfinite(pr) | (pr != np.floor(pr)))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
+        i = first_violation(Priority, np.where(np.isnan(pr), 0.0, pr))
+        if i is not None:
             raise WorkloadError(
-                f"{p}: line {_line(i)}, column priority: must be an integer ({pr[i]})"
+                f"{p}: line {_line(i)}, column priority: must be an integer "
+                f"{bound_text(Priority)} ({df['priority'].iloc[i]})"
             )
         priority = pr  # NaN (an empty cell) falls back to the class rule
     model = df["model"].fillna("default").tolist() if "model" in df.columns else None
@@ -125,10 +153,13 @@ def read_trace(path: str | Path) -> TraceColumns:
     for col in OPTIONAL_FLOAT:
         if col in df.columns:
             v = _numeric(df, col, p, _line)
-            bad = ~np.isnan(v) & ((v <= 0) | ~np.isfinite(v))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise WorkloadError(f"{p}: line {_line(i)}, column {col}: must be > 0 ({v[i]})")
+            kind = COLUMN_BOUNDS[col]
+            i = first_violation(kind, np.where(np.isnan(v), _FILL[col], v))
+            if i is not None:
+                raise WorkloadError(
+                    f"{p}: line {_line(i)}, column {col}: must be {bound_text(kind)} "
+                    f"({df[col].iloc[i]})"
+                )
             slo[col] = v
     return TraceColumns(
         arrival, ints["prompt_tokens"], ints["output_tokens"], req_class, priority, model, slo

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from sloserve.core.bounds import MAX_RATE
 from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.experiments.bros.plan import RunFailed
 from sloserve.experiments.runner import InstanceConfig, SimConfig, build_instance
@@ -33,7 +34,7 @@ def overhead_config(policy: str, profile: str, queued: int, seed: int) -> SimCon
     return SimConfig(
         workload=WorkloadSpec(
             mix="sharegpt",
-            arrival=ConstantArrivals(rate=1e9),
+            arrival=ConstantArrivals(rate=MAX_RATE),  # all queued at once (1 µs apart)
             num_requests=max(1, queued - queued // 2),
             duration_s=None,
             seed=seed,

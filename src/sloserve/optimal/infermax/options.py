@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sloserve.core.errors import ConfigError, SloserveError
+from sloserve.core.bounds import Seconds, Seed, check_value
+from sloserve.core.errors import ConfigError, SloserveError, UnknownNameError
 from sloserve.costmodel.base import ConstantCostModel, CostModel
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
 from sloserve.engine.interface import Limits
@@ -125,6 +126,17 @@ class CspOptions:
             raise ConfigError("better_by_pct must be in [0, 100)")
         if not self.time_unit_s > 0:
             raise ConfigError("time_unit_s must be > 0")
+        check_value(Seconds, self.time_limit_s, "time_limit_s")
+        if self.deterministic_limit is not None:
+            check_value(Seconds, self.deterministic_limit, "deterministic_limit")
+        check_value(Seed, self.seed, "seed")
+        # Policy names are checked before any solving, with the valid ones listed.
+        from sloserve.policies.registry import policy_names
+
+        valid = policy_names()
+        for name in (*(self.warm_start or ()), *([self.better_than] if self.better_than else [])):
+            if name not in valid:
+                raise UnknownNameError(f"unknown policy {name!r}; valid: {', '.join(valid)}")
 
 
 @dataclass(frozen=True)
