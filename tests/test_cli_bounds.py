@@ -363,3 +363,65 @@ def test_any_value_of_any_numeric_field_is_a_run_or_one_line(
         assert summary["simulated_seconds"] <= 2 * MAX_SECONDS
     else:
         assert_user_error(proc)
+
+
+# Options of `serve` bounded by the gateway's own settings models (GatewaySettings,
+# EmulatedConfig, UpstreamConfig), which the command validates before it starts.
+_SERVE_SETTINGS = {
+    "replicas", "time_scale", "max_queue", "max_concurrency", "retries", "breaker_failures",
+    "breaker_open_s", "health_interval_s", "connect_timeout_s", "read_timeout_s",
+    "queue_timeout_s", "default_max_tokens", "drain_timeout", "request_read_timeout_s",
+    "max_body_bytes", "workers", "seed", "port",
+}
+
+
+def _numeric_options() -> list[tuple[str, str, bool]]:
+    import typer
+
+    from sloserve.cli import app
+    from sloserve.cli._app import _FLAG_PATHS
+
+    out: list[tuple[str, str, bool]] = []
+
+    def walk(c: object, path: list[str]) -> None:
+        for name, sub in getattr(c, "commands", {}).items():
+            walk(sub, [*path, name])
+        for p in getattr(c, "params", []):
+            td = getattr(p, "type_descriptor", None)
+            if td is not None and td.annotation in (int, float):
+                covered = p.callback is not None or p.name in _FLAG_PATHS
+                if path == ["serve"] and p.name in _SERVE_SETTINGS:
+                    covered = True
+                out.append((" ".join(path), p.opts[0], covered))
+
+    walk(typer.main.get_command(app), [])
+    return out
+
+
+def test_every_numeric_option_of_every_command_is_bounded() -> None:
+    opts = _numeric_options()
+    assert len(opts) > 100  # the walk sees the whole app
+    unbounded = [(cmd, opt) for cmd, opt, covered in opts if not covered]
+    assert not unbounded, unbounded
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["simulate", "--replicas", "1e9"],
+        ["simulate", "--replicas", "100000"],
+        ["sweep", "--config", "x.yaml", "--workers", "99999"],
+        ["costmodel", "show", "llama-2-7b-a100", "--tp", "0"],
+        ["costmodel", "show", "llama-2-7b-a100", "--utilization", "inf"],
+        ["costmodel", "show", "llama-2-7b-a100", "--tpot-ms", "nan"],
+        ["workload", "describe", "--bin", "-1"],
+        ["reproduce", "bros", "--be-batch-seconds", "1e300"],
+        ["reproduce", "infermax", "--csp-time-limit", "inf"],
+        ["optimal", "--deterministic-limit", "-5"],
+    ],
+)
+def test_command_only_options_refuse_out_of_bound_values(
+    args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = run_main(monkeypatch, capsys, *args)
+    assert_user_error(proc, args[-2])

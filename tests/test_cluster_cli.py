@@ -81,7 +81,7 @@ def test_cli_human_output_has_replica_rows(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "yaml", "needles"),
     [
-        (["--replicas", "0"], None, ["replicas.0.count", "got 0"]),
+        (["--replicas", "0"], None, ["--replicas", "got 0"]),
         (["--router", "nosuch", "--replicas", "2"], None, ["unknown router 'nosuch'"]),
         (
             [],

@@ -20,7 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from sloserve.cli._bounded import _field_at
+from sloserve.cli._bounded import _field_at, bounded
 from sloserve.config import (
     deep_merge,
     error_text,
@@ -28,7 +28,7 @@ from sloserve.config import (
     set_path,
     validation_message,
 )
-from sloserve.core.bounds import constraint_text
+from sloserve.core.bounds import ReplicaCount, constraint_text
 from sloserve.core.errors import ConfigError, SloserveError
 
 app = typer.Typer(
@@ -428,9 +428,9 @@ def _build_config(
 
 ReplicasOpt = Annotated[
     int | None,
-    typer.Option(
+    bounded(
+        ReplicaCount,
         "--replicas",
-        # Bounds are the ClusterConfig's (count >= 1): one place, one error line.
         help="Simulate a cluster of this many replicas of the run's profile and policy "
         "(or the YAML's cluster.replicas with one group: its count).",
     ),

@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import Field
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
 from sloserve.cli._bounded import bounded
-from sloserve.core.bounds import Seed, Workers
+from sloserve.core.bounds import MAX_SECONDS, Count, Seed, Workers
 from sloserve.core.errors import ConfigError
 
 
@@ -42,6 +43,10 @@ def _fmt(v: object) -> str:
     if math.isnan(v):
         return "-"
     return f"{v:.3g}"
+
+
+# The plan's BE batches last at least 0.1 s of the replica's BE capacity.
+BatchSeconds = Annotated[float, Field(ge=0.1, le=MAX_SECONDS, allow_inf_nan=False)]
 
 
 @reproduce_app.command("bros")
@@ -80,15 +85,13 @@ def reproduce_bros(
     ] = None,
     be_batch_size: Annotated[
         int | None,
-        typer.Option(
-            "--be-batch-size", min=1, help="BE requests per closed-loop batch (fixed size)."
-        ),
+        bounded(Count, "--be-batch-size", help="BE requests per closed-loop batch (fixed size)."),
     ] = None,
     be_batch_seconds: Annotated[
         float | None,
-        typer.Option(
+        bounded(
+            BatchSeconds,
             "--be-batch-seconds",
-            min=0.1,
             help="BE batch size in seconds of the replica's BE capacity (default: the plan's).",
         ),
     ] = None,

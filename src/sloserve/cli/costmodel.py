@@ -17,6 +17,8 @@ import typer
 from rich.table import Table
 
 from sloserve.cli._app import app, console
+from sloserve.cli._bounded import bounded
+from sloserve.core.bounds import Count, Degree, Fraction, Index, Millis, Workers
 from sloserve.core.errors import SloserveError
 
 costmodel_app = typer.Typer(
@@ -35,12 +37,12 @@ def costmodel_show(
         str | None, typer.Option("--model", help="Catalog model, e.g. llama-2-7b.")
     ] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Catalog GPU, e.g. a100-80gb.")] = None,
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree.")] = 1,
+    tp: Annotated[int, bounded(Degree, "--tp", help="Tensor-parallel degree.")] = 1,
     utilization: Annotated[
-        float, typer.Option("--utilization", help="GPU memory fraction for vLLM.")
+        float, bounded(Fraction, "--utilization", help="GPU memory fraction for vLLM.")
     ] = 0.9,
     tpot_ms: Annotated[
-        float, typer.Option("--tpot-ms", help="TPOT target for the max batch size.")
+        float, bounded(Millis, "--tpot-ms", help="TPOT target for the max batch size.")
     ] = 50.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the data as JSON.")] = False,
 ) -> None:
@@ -91,7 +93,7 @@ def costmodel_fit(
         str | None,
         typer.Option("--base-profile", help="Take model/GPU facts (M) from this profile."),
     ] = None,
-    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel degree.")] = None,
+    tp: Annotated[int | None, bounded(Degree, "--tp", help="Tensor-parallel degree.")] = None,
     description: Annotated[str, typer.Option("--description", help="Free text.")] = "",
     as_json: Annotated[bool, typer.Option("--json", help="Print the fit report as JSON.")] = False,
 ) -> None:
@@ -154,12 +156,14 @@ def profile_cmd(
         str | None, typer.Option("--decode-batches", help="e.g. 1,4,16.")
     ] = None,
     contexts: Annotated[str | None, typer.Option("--contexts", help="e.g. 0,128,512.")] = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 5,
-    warmup: Annotated[int, typer.Option("--warmup", min=0)] = 2,
+    repeats: Annotated[int, bounded(Count, "--repeats", help="Timed runs per shape.")] = 5,
+    warmup: Annotated[int, bounded(Index, "--warmup", help="Untimed runs first.")] = 2,
     dtype: Annotated[
         str | None, typer.Option("--dtype", help="float32, float16 or bfloat16.")
     ] = None,
-    cpu_threads: Annotated[int | None, typer.Option("--cpu-threads", min=1)] = None,
+    cpu_threads: Annotated[
+        int | None, bounded(Workers, "--cpu-threads", help="Torch CPU threads.")
+    ] = None,
     fit_out: Annotated[
         Path | None, typer.Option("--fit", help="Also fit it and write a profile YAML here.")
     ] = None,

@@ -83,7 +83,8 @@ def optimal(
     ] = 10.0,
     det_limit: Annotated[
         float | None,
-        typer.Option(
+        bounded(
+            Seconds,
             "--deterministic-limit",
             help="CP-SAT deterministic-time limit (load-independent; with --workers 1 the "
             "answer is reproducible).",
@@ -322,8 +323,8 @@ def reproduce_infermax(
     seed: Annotated[int, bounded(Seed, "--seed", help="Seed of the A.3 mixes and the CSP.")] = 0,
     workers: Annotated[
         int | None,
-        typer.Option(
-            "--workers", min=1, help="Parallel processes, and CP-SAT workers (default: cores)."
+        bounded(
+            Workers, "--workers", help="Parallel processes, and CP-SAT workers (default: cores)."
         ),
     ] = None,
     executor: ExecutorOpt = None,
@@ -336,8 +337,8 @@ def reproduce_infermax(
     ] = True,
     csp_time_limit: Annotated[
         float | None,
-        typer.Option(
-            "--csp-time-limit", help="Seconds per CSP solve, two per I (quick 2, full 10)."
+        bounded(
+            Seconds, "--csp-time-limit", help="Seconds per CSP solve, two per I (quick 2, full 10)."
         ),
     ] = None,
 ) -> None:

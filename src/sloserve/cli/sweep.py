@@ -21,6 +21,8 @@ from rich.progress import (
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, app, console
+from sloserve.cli._bounded import bounded
+from sloserve.core.bounds import Workers
 
 
 @app.command()
@@ -41,7 +43,7 @@ def sweep(
     executor: ExecutorOpt = None,
     workers: Annotated[
         int | None,
-        typer.Option("--workers", min=1, help="Parallel processes (default: cores)."),
+        bounded(Workers, "--workers", help="Parallel processes (default: cores)."),
     ] = None,
     pareto: Annotated[
         str | None,

@@ -16,6 +16,8 @@ import typer
 from rich.table import Table
 
 from sloserve.cli._app import _WORKLOAD_FLAGS, ConfigOpt, _build_config, _with_flags, app, console
+from sloserve.cli._bounded import bounded
+from sloserve.core.bounds import Seconds
 
 workload_app = typer.Typer(
     help="Inspect and export workloads (the same settings as simulate).", no_args_is_help=True
@@ -35,7 +37,7 @@ def _workload_from_flags(config: Path | None, flags: dict[str, Any]) -> Any:
 def workload_describe(
     config: ConfigOpt = None,
     bin_s: Annotated[
-        float | None, typer.Option("--bin", help="Rate-over-time bin width (s).")
+        float | None, bounded(Seconds, "--bin", help="Rate-over-time bin width (s).")
     ] = None,
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Write a PNG of rate and lengths.")

@@ -24,7 +24,7 @@ from sloserve.cluster.controller import AutoscalerConfig
 from sloserve.cluster.models import ModelOverride, TransferConfig
 from sloserve.cluster.routing import check_router
 from sloserve.config import validate
-from sloserve.core.bounds import MAX_COUNT, MAX_GIB, MAX_SECONDS, MAX_TOKENS
+from sloserve.core.bounds import MAX_COUNT, MAX_GIB, MAX_SECONDS, MAX_TOKENS, ReplicaCount
 from sloserve.core.errors import ConfigError
 from sloserve.costmodel.profile import load_profile
 from sloserve.policies.registry import make_policy
@@ -35,7 +35,7 @@ class ReplicaGroup(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    count: int = Field(default=1, ge=1, le=65_536, description="number of replicas in the group")
+    count: ReplicaCount = Field(default=1, description="number of replicas in the group")
     profile: str | None = Field(
         default=None, description="hardware profile (name or YAML path); unset: the run's"
     )

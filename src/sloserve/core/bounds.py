@@ -73,6 +73,12 @@ GiB = Annotated[float, Field(ge=0, le=MAX_GIB, allow_inf_nan=False)]
 Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
 Workers = Annotated[int, Field(ge=1, le=1024)]
 """Worker processes or solver threads."""
+Degree = Annotated[int, Field(ge=1, le=1024)]
+"""A tensor-parallel degree (GPUs of one replica)."""
+ReplicaCount = Annotated[int, Field(ge=1, le=65_536)]
+"""Replicas of a cluster (or of one replica group)."""
+Millis = Annotated[float, Field(ge=1e-3, le=MAX_SECONDS * 1e3, allow_inf_nan=False)]
+"""A positive duration or target in milliseconds."""
 
 
 def _num(v: Any) -> str:

@@ -170,8 +170,8 @@ def request_table(
     Built column by column; the token timelines of requests served on one replica are
     gathered at once (:func:`_timelines`), failovers' client timelines one by one.
     """
-    if not requests:
-        return pd.DataFrame()
+    if not requests:  # the same columns: an empty run still has a table to summarise
+        return pd.DataFrame({c: [] for c in COLUMNS}, columns=list(COLUMNS))
     nan = float("nan")
     cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
     FINISHED = RequestStatus.FINISHED

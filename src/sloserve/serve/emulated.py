@@ -86,6 +86,7 @@ from sloserve.cluster.config import ClusterConfig, ReplicaGroup
 from sloserve.cluster.replica import Replica, ReplicaSpec
 from sloserve.cluster.routing import Router, make_router
 from sloserve.cluster.view import ReplicaStatus, ReplicaView, RouteRequest
+from sloserve.core.bounds import Seed
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request, RequestClass, RequestStatus
 from sloserve.costmodel.profile import load_profile
@@ -135,7 +136,7 @@ class EmulatedConfig(BaseModel):
     output_length: LengthDist | None = Field(
         default=None, description="output-length distribution (else max_tokens)"
     )
-    seed: int = 0
+    seed: Seed = 0
     max_queue: int | None = Field(
         default=None, ge=1, description="waiting requests per replica before 429"
     )

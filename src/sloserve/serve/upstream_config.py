@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sloserve.cluster.routing import check_router, router_names
+from sloserve.core.bounds import MAX_COUNT, Seconds, Seed, Time
 from sloserve.core.errors import ConfigError
 
 QueueOrder = Literal["fcfs", "priority", "edf"]
@@ -29,32 +30,32 @@ class UpstreamConfig(BaseModel):
     """Router name (:func:`~sloserve.cluster.routing.router_names`: the cluster's routers)."""
     router_params: dict[str, Any] = Field(default_factory=dict)
     """The router's parameters (e.g. ``max_outstanding`` of ``least-outstanding``)."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of randomised routers (``power-of-two``)."""
     order: QueueOrder = "fcfs"
     """Gateway queue order: ``fcfs``, ``priority`` (lower first) or ``edf`` (least slack)."""
     admission: Admission = "queue"
     """``none`` (never reject for load), ``queue`` (429 when full), ``slo`` (also 429 when
     a real-time request's TTFT target or deadline can no longer be met)."""
-    max_queue: int = Field(default=1024, ge=0)
+    max_queue: int = Field(default=1024, ge=0, le=MAX_COUNT)
     """Requests that may wait in the gateway queue (``queue``/``slo`` admission)."""
-    max_concurrency: int = Field(default=64, ge=1)
+    max_concurrency: int = Field(default=64, ge=1, le=MAX_COUNT)
     """Requests in flight per upstream; more wait in the gateway's queue."""
-    queue_timeout_s: float = Field(default=60.0, gt=0)
+    queue_timeout_s: Seconds = 60.0
     """Longest wait in the gateway queue before the request gets 503 ``queue_timeout``."""
-    connect_timeout_s: float = Field(default=2.0, gt=0)
+    connect_timeout_s: Seconds = 2.0
     """Seconds to open a connection to an upstream (a failure is retried)."""
-    read_timeout_s: float = Field(default=60.0, gt=0)
+    read_timeout_s: Seconds = 60.0
     """Longest silence between two pieces of an upstream's response."""
-    retries: int = Field(default=2, ge=0)
+    retries: int = Field(default=2, ge=0, le=100)
     """Extra attempts for a request that failed before its first token."""
-    breaker_failures: int = Field(default=3, ge=1)
+    breaker_failures: int = Field(default=3, ge=1, le=MAX_COUNT)
     """Consecutive failures that open an upstream's circuit breaker."""
-    breaker_open_s: float = Field(default=5.0, ge=0)
+    breaker_open_s: Time = 5.0
     """Seconds an open breaker keeps the upstream out before a probe request."""
-    health_interval_s: float = Field(default=2.0, ge=0)
+    health_interval_s: Time = 2.0
     """Seconds between health checks and metric scrapes (0 disables them)."""
-    health_timeout_s: float = Field(default=1.0, gt=0)
+    health_timeout_s: Seconds = 1.0
     """Timeout of one health check or scrape."""
     forward_priority: bool = False
     """Send the request's ``priority`` to the engine (vLLM's priority scheduling)."""
