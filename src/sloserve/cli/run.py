@@ -262,9 +262,7 @@ def compare(
 ) -> None:
     """Compare policies (or cluster routers) on the very same requests; print a table,
     optionally write a report."""
-    _compare(
-        {}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions
-    )
+    _compare({}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions)
 
 
 @app.command()
