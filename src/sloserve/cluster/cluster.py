@@ -61,7 +61,7 @@ from sloserve.cluster.controller import (
     ReorderQueue,
     Requeue,
 )
-from sloserve.cluster.handoff import KVHandoff, TransferTime, pool, queue_key
+from sloserve.cluster.handoff import KVHandoff, TransferTime, pools, queue_key
 from sloserve.cluster.replica import InstanceFactory, Replica, ReplicaSpec, SimReplicaView
 from sloserve.cluster.routing import Hold, Router, route_explained
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
@@ -133,15 +133,7 @@ class Cluster:
         for s in specs:
             self._group_spec.setdefault(s.group, s)
         self.view = ClusterView((SimReplicaView(r) for r in self.replicas), lambda: env.now)
-        self.handoff: KVHandoff | None = None  # disaggregated prefill/decode only
-        roles = {s.role for s in specs}
-        if roles != {"both"}:
-            if roles != {"prefill", "decode"} or kv_transfer is None:
-                raise ConfigError(
-                    "disaggregated serving needs prefill and decode replicas (and no 'both') "
-                    f"and a KV transfer time (roles: {', '.join(sorted(roles))})"
-                )
-            self.handoff = KVHandoff(self.replicas, kv_transfer, lambda: env.now)
+        self.handoff = KVHandoff.of(self.replicas, kv_transfer, lambda: env.now)
         self.decode_router = decode_router or router
         self.models = frozenset({*(s.model for s in specs), *servable})
         self.rejected: Counter[str] = Counter()
@@ -180,7 +172,7 @@ class Cluster:
             rep.warm_models.add(rep.spec.model)
             self._start(rep, self._new_instance_id(rep))
             if not first:
-                self._pull_soon(pool(rep.spec))
+                self._pull_pools(rep.spec)
         else:
             self._begin_load(rep, rep.spec.model)
 
@@ -217,7 +209,7 @@ class Cluster:
             return  # failed, drained or reloaded meanwhile
         rep.warm_models.add(rep.spec.model)
         self._start(rep, self._new_instance_id(rep))
-        self._pull_soon(pool(rep.spec))
+        self._pull_pools(rep.spec)
 
     def change_model(self, rep: Replica, model: str) -> None:
         """Serve ``model``: stop accepting, finish what it holds, load, serve (docstring)."""
@@ -298,7 +290,7 @@ class Cluster:
         if rep.status is not ReplicaStatus.FAILED:
             return
         self._start(rep, self._new_instance_id(rep))
-        self._pull(pool(rep.spec))
+        self._pull_pools(rep.spec, soon=False)
 
     def drain(self, rep: Replica) -> None:
         """Accept nothing more; leave once empty."""
@@ -429,7 +421,7 @@ class Cluster:
         end = self.handoff.start(rep, req, self.env.now)
         self.env.schedule(end, functools.partial(self._transferred, req, end), PRIO_ARRIVAL)
         if self.queue:
-            self._pull_soon(pool(rep.spec))
+            self._pull_pools(rep.spec)
 
     def _transferred(self, req: Request, end: float) -> None:
         if self.handoff is not None and self.handoff.done(req, end):
@@ -468,6 +460,11 @@ class Cluster:
             self._pull_pending.add(model)
             self.env.schedule(self.env.now, functools.partial(self._pull_event, model))
 
+    def _pull_pools(self, spec: ReplicaSpec, soon: bool = True) -> None:
+        """A replica of ``spec`` has room: pull its model's queue and the ``default`` one."""
+        for key in pools(spec):
+            (self._pull_soon if soon else self._pull)(key)
+
     def _pull_event(self, model: str) -> None:
         self._pull_pending.discard(model)
         self._pull(model)
@@ -500,7 +497,7 @@ class Cluster:
         if ctl is not None and ctl.wants_events:
             self._apply(ctl.on_event(Event("finish", self.env.now, req_id=req.req_id), self.view))
         if self.queue:
-            self._pull_soon(pool(rep.spec))
+            self._pull_pools(rep.spec)
             if req.model == "default":
                 for m in self.queue:
                     self._pull_soon(m)

@@ -32,11 +32,12 @@ when the transfer is done, so no decode replica's failure touches a transfer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sloserve.cluster.replica import Replica, ReplicaSpec, SimReplicaView
 from sloserve.cluster.view import ClusterView
+from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
 
 TransferTime = Callable[[ReplicaSpec, Request], float]
@@ -73,6 +74,24 @@ class KVHandoff:
         """Seconds of every completed transfer."""
         self.lost = 0
         """Transfers lost to a failure of their source replica."""
+
+    @classmethod
+    def of(
+        cls,
+        replicas: Sequence[Replica],
+        transfer_time: TransferTime | None,
+        clock: Callable[[], float],
+    ) -> KVHandoff | None:
+        """The hand-off of a cluster of ``replicas``; None when every replica does both."""
+        roles = {r.spec.role for r in replicas}
+        if roles == {"both"}:
+            return None
+        if roles != {"prefill", "decode"} or transfer_time is None:
+            raise ConfigError(
+                "disaggregated serving needs prefill and decode replicas (and no 'both') "
+                f"and a KV transfer time (roles: {', '.join(sorted(roles))})"
+            )
+        return cls(replicas, transfer_time, clock)
 
     def view_for(self, req: Request) -> ClusterView:
         """Decode replicas for a request that has its first token, else prefill replicas."""
@@ -115,9 +134,11 @@ class KVHandoff:
         return self.in_flight.pop(req.req_id, None) is not None
 
 
-def pool(spec: ReplicaSpec) -> str:
-    """The global-queue key a replica pulls from when it has room."""
-    return spec.model + DECODE_QUEUE if spec.role == "decode" else spec.model
+def pools(spec: ReplicaSpec) -> tuple[str, str]:
+    """The global-queue keys a replica pulls from when it has room: its model's and that of
+    requests that name no model (``default``), the decode queues for a decode replica."""
+    suffix = DECODE_QUEUE if spec.role == "decode" else ""
+    return spec.model + suffix, "default" + suffix
 
 
 def queue_key(req: Request) -> str:
