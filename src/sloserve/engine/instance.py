@@ -196,7 +196,7 @@ class Instance:
         """A request whose prompt a prefill replica computed arrives now with its KV
         (``num_computed_tokens`` tokens, one output token): the blocks are allocated here
         on admission and it runs as a decode; it waits (:attr:`incoming`) while the KV
-        cache has no room, and is rejected if it can never fit."""
+        cache has no room or R_max requests run, and is rejected if it can never fit."""
         now = self.env.now
         req.instance_id = self.instance_id
         total = req.num_prompt_tokens + req.true_output_len
@@ -216,9 +216,11 @@ class Instance:
             self.env.schedule(now, self._iterate, PRIO_ITERATION)
 
     def _admit_incoming(self, now: float) -> None:
-        """Allocate the KV of waiting prefilled requests, in order, while it fits."""
+        """Allocate the KV of waiting prefilled requests, in order, while it fits and the
+        running set is below R_max."""
         incoming = self.incoming
-        while incoming:
+        cap = self.limits.max_running
+        while incoming and len(self.running) < cap:
             r = incoming[0]
             if self.kv.allocate(r.req_id, r.num_computed_tokens) is None:
                 return
