@@ -109,11 +109,18 @@ def simulate(
 
 
 def _replica_table(summary: dict[str, Any]) -> Table:
-    """One row per replica of a cluster run: what it served and how busy it was."""
-    t = Table(title=f"{len(summary['replicas'])} replicas, router {summary.get('router')}")
-    for col in ("replica", "profile", "policy", "model"):
+    """One row per replica of a cluster run: what it served and how busy it was (with
+    prefill/decode roles: each replica's role and the requests it handed off)."""
+    pd = any(r.get("role", "both") != "both" for r in summary["replicas"])
+    title = f"{len(summary['replicas'])} replicas, router {summary.get('router')}"
+    if pd:
+        mean = summary.get("kv_transfer_s_mean")
+        ms = f"{1e3 * mean:.2f} ms" if mean is not None else "-"
+        title += f", {summary.get('kv_transfers', 0)} KV transfers (mean {ms})"
+    t = Table(title=title)
+    for col in ("replica", "profile", "policy", "model", *(("role",) if pd else ())):
         t.add_column(col, no_wrap=col == "replica")
-    for col in ("served", "busy", "KV mean", "preempt", "GPU-s"):
+    for col in (*(("handed off",) if pd else ()), "served", "busy", "KV mean", "preempt", "GPU-s"):
         t.add_column(col, justify="right")
     for r in summary["replicas"]:
         t.add_row(
@@ -121,6 +128,7 @@ def _replica_table(summary: dict[str, Any]) -> Table:
             str(r["profile"]),
             str(r["policy"]),
             str(r["model"]),
+            *((str(r["role"]), str(r["handed_off"])) if pd else ()),
             str(r["served"]),
             f"{r['utilisation']:.0%}" if r.get("utilisation") is not None else "-",
             f"{r['kv_usage_mean']:.0%}" if r.get("kv_usage_mean") is not None else "-",
