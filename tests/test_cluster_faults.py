@@ -33,18 +33,27 @@ _failure = st.tuples(
 
 
 @settings(
-    max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=24, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 @given(
     failures=st.lists(_failure, max_size=5),
     policy=st.sampled_from(["vllm", "vllm-swap", "sarathi", "andes"]),
     router=st.sampled_from(["round-robin", "least-outstanding", "jsq-tokens", "slo-aware"]),
+    disaggregated=st.booleans(),
 )
 def test_every_request_ends_exactly_once_under_random_failures(
-    failures: list[tuple[int, float, float | None]], policy: str, router: str
+    failures: list[tuple[int, float, float | None]],
+    policy: str,
+    router: str,
+    disaggregated: bool,
 ) -> None:
+    # Disaggregated: 1 prefill + 2 decode replicas over a slow link (up to 0.2 s a
+    # transfer), so that failures also hit requests in transfer.
     cc = ClusterConfig(
-        replicas=[{"count": 3}],
+        replicas=[{"role": "prefill"}, {"role": "decode", "count": 2}]
+        if disaggregated
+        else [{"count": 3}],
+        transfer={"kv_link_gb_per_s": 1.0},
         router=router,
         failures=[
             {"replica": r, "at_s": at, "recover_s": None if d is None else at + d}

@@ -33,6 +33,9 @@ def test_one_replica_pass_through_is_the_single_replica_run(policy: str) -> None
         "admission",
         "model_loads",
         "failovers",
+        "kv_transfers",
+        "kv_transfer_s_mean",
+        "kv_transfers_lost",
     }
     assert a.summary["aborted"] > 0  # the horizon path is covered too
     pd.testing.assert_frame_equal(a.table, b.table.drop(columns=CLUSTER_COLUMNS))

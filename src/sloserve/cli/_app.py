@@ -20,7 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from sloserve.cli._bounded import _field_at, bounded
+from sloserve.cli._bounded import _field_at
 from sloserve.config import (
     deep_merge,
     error_text,
@@ -28,7 +28,7 @@ from sloserve.config import (
     set_path,
     validation_message,
 )
-from sloserve.core.bounds import ReplicaCount, constraint_text
+from sloserve.core.bounds import constraint_text
 from sloserve.core.errors import ConfigError, SloserveError
 
 app = typer.Typer(
@@ -426,97 +426,6 @@ def _build_config(
         raise ConfigError(f"{flag} ({where}): {error_text(err)}") from None
 
 
-ReplicasOpt = Annotated[
-    int | None,
-    bounded(
-        ReplicaCount,
-        "--replicas",
-        help="Simulate a cluster of this many replicas of the run's profile and policy "
-        "(or the YAML's cluster.replicas with one group: its count).",
-    ),
-]
-TraceDecisionsOpt = Annotated[
-    bool,
-    typer.Option(
-        "--trace-decisions",
-        help="Record every routing decision (a cluster run): decisions.parquet in --out.",
-    ),
-]
-
-RouterOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--router",
-        help="Cluster router (see `sloserve routers`); default round-robin, pass-through "
-        "for one replica.",
-    ),
-]
-
-
-def _cluster_config(
-    config: Path | None,
-    replicas: int | None,
-    router: str | None,
-    *,
-    single: bool = False,
-    trace_decisions: bool = False,
-) -> tuple[Any, list[str] | None]:
-    """The run's ClusterConfig (None: a single replica, today's path) and the YAML's
-    ``routers:`` list, from the YAML's ``cluster:`` section and the flags. ``single``: the
-    command runs one router, so a ``routers:`` list needs ``cluster.router`` or --router."""
-    from sloserve.cluster.config import ClusterConfig
-
-    data = read_yaml(config) if config is not None else {}
-    source = str(config) if config is not None else "command line"
-    section = data.get("cluster")
-    routers = data.get("routers")
-    if routers is not None and (
-        not isinstance(routers, list) or not all(isinstance(r, str) for r in routers)
-    ):
-        raise SloserveError(f"{source}: 'routers' must be a list of router names")
-    if (
-        section is None
-        and replicas is None
-        and router is None
-        and routers is None
-        and not trace_decisions
-    ):
-        return None, None
-    if section is not None and not isinstance(section, dict):
-        raise SloserveError(f"{source}: 'cluster' must be a mapping")
-    if single and routers is not None and router is None and "router" not in (section or {}):
-        raise SloserveError(
-            f"{source}: 'routers' lists several routers and 'cluster.router' names none; "
-            "use `sloserve compare`, or pick one with --router"
-        )
-    cluster: dict[str, Any] = dict(section or {})
-    if replicas is not None:
-        groups = cluster.get("replicas")
-        if isinstance(groups, list) and len(groups) > 1:
-            raise SloserveError(
-                f"--replicas: {source} has {len(groups)} replica groups; set each group's "
-                "count in the YAML instead"
-            )
-        group = dict(groups[0]) if isinstance(groups, list) and groups else {}
-        group["count"] = replicas
-        cluster["replicas"] = [group]
-    if trace_decisions:
-        cluster["trace_decisions"] = True
-    if router is not None:
-        cluster["router"] = router
-    elif "router" not in cluster:
-        groups = cluster.get("replicas") or [{}]
-        one = (
-            isinstance(groups, list)
-            and len(groups) == 1
-            and isinstance(groups[0], dict)
-            and groups[0].get("count", 1) == 1
-        )
-        cluster["router"] = "pass-through" if one else "round-robin"
-    src = f"{source}: cluster" if section is not None else "cluster"
-    return ClusterConfig.load(cluster, src), routers
-
-
 reproduce_app = typer.Typer(
     help="Reproduce the papers' evaluations in simulation.", no_args_is_help=True
 )
@@ -534,13 +443,12 @@ def add_bound_help() -> None:
     if _HELP_DONE:
         return
     _HELP_DONE = True
-    from sloserve.cluster.config import ClusterConfig
     from sloserve.experiments.runner import SimConfig
 
+    # (--replicas and the command-only options carry their bounds from bounded().)
     fields = {n: _field_at(SimConfig, path) for n, path in _FLAG_PATHS.items()}
-    fields["replicas"] = _field_at(ClusterConfig, ("replicas", "count"))
     for name, info in fields.items():
-        opt: Any = _FLAG_OPTIONS.get(name) or {"replicas": ReplicasOpt}.get(name)
+        opt: Any = _FLAG_OPTIONS.get(name)
         text = constraint_text(info) if info is not None else ""
         if opt is None or not text:
             continue

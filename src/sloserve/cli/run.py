@@ -22,16 +22,13 @@ from sloserve.cli._app import (
     DurationOpt,
     OutOpt,
     RateOpt,
-    ReplicasOpt,
-    RouterOpt,
     SeedOpt,
-    TraceDecisionsOpt,
     _build_config,
-    _cluster_config,
     _with_flags,
     app,
     console,
 )
+from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cluster_config
 from sloserve.config import builtin_config
 from sloserve.core.errors import SloserveError
 
@@ -111,15 +108,30 @@ def simulate(
 
 
 def _replica_table(summary: dict[str, Any]) -> Table:
-    """One row per replica of a cluster run: what it served and how busy it was."""
+    """One row per replica of a cluster run: what it served and how busy it was (with
+    prefill/decode roles: each replica's role and the requests it handed off)."""
+    pd = any(r.get("role", "both") != "both" for r in summary["replicas"])
     cost = summary.get("cost_usd")
-    t = Table(
-        title=f"{len(summary['replicas'])} replicas, router {summary.get('router')}, "
+    title = (
+        f"{len(summary['replicas'])} replicas, router {summary.get('router')}, "
         f"{summary['gpu_seconds']:,.0f} GPU-s" + (f", ${cost:,.2f}" if cost is not None else "")
     )
-    for col in ("replica", "profile", "policy", "model"):
+    if pd:
+        mean = summary.get("kv_transfer_s_mean")
+        ms = f"{1e3 * mean:.2f} ms" if mean is not None else "-"
+        title += f", {summary.get('kv_transfers', 0)} KV transfers (mean {ms})"
+    t = Table(title=title)
+    for col in ("replica", "profile", "policy", "model", *(("role",) if pd else ())):
         t.add_column(col, no_wrap=col == "replica")
-    for col in ("served", "busy", "KV mean", "preempt", "GPUs", "GPU-s"):
+    for col in (
+        *(("handed off",) if pd else ()),
+        "served",
+        "busy",
+        "KV mean",
+        "preempt",
+        "GPUs",
+        "GPU-s",
+    ):
         t.add_column(col, justify="right")
     for r in summary["replicas"]:
         t.add_row(
@@ -127,6 +139,7 @@ def _replica_table(summary: dict[str, Any]) -> Table:
             str(r["profile"]),
             str(r["policy"]),
             str(r["model"]),
+            *((str(r["role"]), str(r["handed_off"])) if pd else ()),
             str(r["served"]),
             f"{r['utilisation']:.0%}" if r.get("utilisation") is not None else "-",
             f"{r['kv_usage_mean']:.0%}" if r.get("kv_usage_mean") is not None else "-",
@@ -269,9 +282,7 @@ def compare(
 ) -> None:
     """Compare policies (or cluster routers) on the very same requests; print a table,
     optionally write a report."""
-    _compare(
-        {}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions
-    )
+    _compare({}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions)
 
 
 @app.command()

@@ -16,11 +16,11 @@ from sloserve.cli._app import (
     _INSTANCE_FLAGS,
     ConfigOpt,
     _build_config,
-    _cluster_config,
     _with_flags,
     app,
     err_console,
 )
+from sloserve.cli._cluster import _cluster_config
 from sloserve.config import read_yaml
 from sloserve.core.errors import ConfigError
 

@@ -4,8 +4,9 @@ Milestone 2 adds (see each module's docstring and docs/cluster.md): the model re
 cold starts and model swaps (``models``, ``transfer``, ``cold_start``, ``model_swaps``;
 ``cluster/models.py``), admission (``admission``; ``cluster/admission.py``), routing
 decisions as data (``trace_decisions``), and controllers with the utilisation autoscaler
-(``autoscaler``; ``cluster/controller.py``). Disaggregated prefill/decode (``role``) is
-validated but not built yet.
+(``autoscaler``; ``cluster/controller.py``), and disaggregated prefill/decode (group
+``role``: prefill replicas emit the first token, the KV moves over ``transfer.kv_link_*``,
+decode replicas take it with its KV; ``cluster/handoff.py``).
 
 Layer: above engine/policies/optimal, below experiments/serve. Entry point for runs:
 ``sloserve.experiments.cluster_run.simulate_cluster(sim_config, ClusterConfig(...))``; a

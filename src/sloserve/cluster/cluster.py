@@ -36,6 +36,8 @@ Choices:
   is what it read before. The per-decision timeline is coarser (fewer, longer samples),
   which moves ``scheduling_decisions`` and the KV-usage mean sampled from it, not the
   requests.
+- Disaggregated prefill/decode: ``handoff.py`` (held handed-off requests wait in their own
+  queue, ``<model>/decode``, pulled when a decode replica has room).
 """
 
 from __future__ import annotations
@@ -59,12 +61,13 @@ from sloserve.cluster.controller import (
     ReorderQueue,
     Requeue,
 )
+from sloserve.cluster.handoff import KVHandoff, TransferTime, pools, queue_key
 from sloserve.cluster.replica import InstanceFactory, Replica, ReplicaSpec, SimReplicaView
-from sloserve.cluster.routing import Hold, PipelineRouter, Router
+from sloserve.cluster.routing import Hold, Router, route_explained
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
 from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.core.request import Request, RequestStatus
-from sloserve.engine.env import PRIO_CONTROL, Environment
+from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 
 
@@ -96,7 +99,8 @@ class Cluster:
     Optional parts: ``loader`` (model loads: cold starts when ``cold_start``, model changes),
     ``admission`` (before routing; default: admit all), ``controller`` (ticks and events,
     actions applied here), ``trace_decisions`` (every routing decision in
-    :attr:`decisions`), ``servable`` (models requests may name beyond the replicas' own).
+    :attr:`decisions`), ``servable`` (models requests may name beyond the replicas' own),
+    ``kv_transfer`` and ``decode_router`` (prefill/decode roles: ``handoff.py``).
     """
 
     def __init__(
@@ -112,6 +116,8 @@ class Cluster:
         controller: Controller | None = None,
         trace_decisions: bool = False,
         servable: Iterable[str] = (),
+        kv_transfer: TransferTime | None = None,
+        decode_router: Router | None = None,
     ) -> None:
         self.env = env
         self.router = router
@@ -127,6 +133,8 @@ class Cluster:
         for s in specs:
             self._group_spec.setdefault(s.group, s)
         self.view = ClusterView((SimReplicaView(r) for r in self.replicas), lambda: env.now)
+        self.handoff = KVHandoff.of(self.replicas, kv_transfer, lambda: env.now)
+        self.decode_router = decode_router or router
         self.models = frozenset({*(s.model for s in specs), *servable})
         self.rejected: Counter[str] = Counter()
         """Admission rejections by reason."""
@@ -164,7 +172,7 @@ class Cluster:
             rep.warm_models.add(rep.spec.model)
             self._start(rep, self._new_instance_id(rep))
             if not first:
-                self._pull_soon(rep.spec.model)
+                self._pull_pools(rep.spec)
         else:
             self._begin_load(rep, rep.spec.model)
 
@@ -201,7 +209,7 @@ class Cluster:
             return  # failed, drained or reloaded meanwhile
         rep.warm_models.add(rep.spec.model)
         self._start(rep, self._new_instance_id(rep))
-        self._pull_soon(rep.spec.model)
+        self._pull_pools(rep.spec)
 
     def change_model(self, rep: Replica, model: str) -> None:
         """Serve ``model``: stop accepting, finish what it holds, load, serve (docstring)."""
@@ -230,6 +238,8 @@ class Cluster:
         self._replica_of[instance_id] = rep
         if self._cuts_on_arrival(inst):
             inst.next_event = self.env.peek_control
+        if rep.spec.role == "prefill":
+            inst.hand_off = functools.partial(self._hand_off, rep)
         rep.instance = inst
         rep.incarnations.append(inst)
         rep.status = ReplicaStatus.UP
@@ -264,6 +274,8 @@ class Cluster:
             )
         if inst is not None:
             self._requeue(inst.evacuate(), rep.spec.model)
+        if self.handoff is not None:  # its KV transfers in flight are lost: from scratch
+            self._requeue(self.handoff.lose(rep, self.env.now), rep.spec.model)
 
     def _requeue(self, evacuated: list[Request], model: str) -> None:
         if evacuated:
@@ -278,7 +290,7 @@ class Cluster:
         if rep.status is not ReplicaStatus.FAILED:
             return
         self._start(rep, self._new_instance_id(rep))
-        self._pull(rep.spec.model)
+        self._pull_pools(rep.spec, soon=False)
 
     def drain(self, rep: Replica) -> None:
         """Accept nothing more; leave once empty."""
@@ -331,6 +343,10 @@ class Cluster:
             self.queue[gone.model].remove(gone)
             self._queued_since.pop(gone.req_id, None)
             self._reject(gone, "shed_displaced")
+        self._route_or_queue(req, model)
+
+    def _route_or_queue(self, req: Request, model: str) -> None:
+        """Route ``req``, or queue it behind the held requests of its queue ``model``."""
         q = self.queue.get(model)
         if q:
             bisect.insort(q, req, key=_key)
@@ -367,13 +383,17 @@ class Cluster:
     def _route(self, req: Request) -> bool:
         """Route one request; False (and queued) when the router holds it."""
         rr = RouteRequest.of(req)
+        ho = self.handoff
+        prefilled = ho is not None and req.num_output_tokens > 0
+        router = self.decode_router if prefilled else self.router
+        view = self.view if ho is None else ho.view_for(req)
         if self.decisions is None:
-            d = self.router.route(rr, self.view)
+            d = router.route(rr, view)
         else:
-            d = self._route_traced(req, rr)
+            d = self._route_traced(req, rr, router, view)
         if isinstance(d, Hold):
             self.holds[d.reason] += 1
-            bisect.insort(self.queue.setdefault(req.model, []), req, key=_key)
+            bisect.insort(self.queue.setdefault(queue_key(req), []), req, key=_key)
             self._queued_since.setdefault(req.req_id, self.env.now)
             return False
         self._queued_since.pop(req.req_id, None)
@@ -389,8 +409,23 @@ class Cluster:
         assert inst is not None
         if self._cuts_on_arrival(inst):
             inst.interrupt()
-        inst.add_request(req)
+        if prefilled:
+            inst.add_prefilled(req)
+        else:
+            inst.add_request(req)
         return True
+
+    def _hand_off(self, rep: Replica, req: Request) -> None:
+        """A prefill replica let ``req`` go after its first token: its KV moves now."""
+        assert self.handoff is not None
+        end = self.handoff.start(rep, req, self.env.now)
+        self.env.schedule(end, functools.partial(self._transferred, req, end), PRIO_ARRIVAL)
+        if self.queue:
+            self._pull_pools(rep.spec)
+
+    def _transferred(self, req: Request, end: float) -> None:
+        if self.handoff is not None and self.handoff.done(req, end):
+            self._route_or_queue(req, queue_key(req))
 
     def abort(self, req: Request) -> bool:
         """End a live request because its client went away (the live gateway): out of the
@@ -398,17 +433,14 @@ class Cluster:
         in flight if it is in it, :meth:`Instance.abort`). False when it already ended."""
         if req.status.is_terminal:
             return False
-        q = self.queue.get(req.model)
-        k = next((i for i, r in enumerate(q) if r is req), None) if q else None
-        if q is not None and k is not None:
-            del q[k]
+        q = self.queue.get(queue_key(req)) or []
+        k = next((i for i, r in enumerate(q) if r is req), None)
+        if k is not None or (self.handoff is not None and self.handoff.drop(req)):
+            if k is not None:
+                del q[k]
             req.abort(self.env.now)
             self.abort_reasons[req.req_id] = "client"
-            if req.req_id in self.ended:
-                raise ConservationError(f"request {req.req_id} ended twice")
-            self.ended[req.req_id] = req
-            if self.on_done is not None:
-                self.on_done(req)
+            self._end(req)
             return True
         rep = self._replica_of.get(req.instance_id)
         inst = None if rep is None else rep.instance
@@ -428,35 +460,24 @@ class Cluster:
             self._pull_pending.add(model)
             self.env.schedule(self.env.now, functools.partial(self._pull_event, model))
 
+    def _pull_pools(self, spec: ReplicaSpec, soon: bool = True) -> None:
+        """A replica of ``spec`` has room: pull its model's queue and the ``default`` one."""
+        for key in pools(spec):
+            (self._pull_soon if soon else self._pull)(key)
+
     def _pull_event(self, model: str) -> None:
         self._pull_pending.discard(model)
         self._pull(model)
 
-    def _route_traced(self, req: Request, rr: RouteRequest) -> int | Hold:
-        rec: dict[str, Any] = {}
-        if isinstance(self.router, PipelineRouter):
-            d = self.router.route(rr, self.view, explain=rec)
-        else:
-            d = self.router.route(rr, self.view)
+    def _route_traced(
+        self, req: Request, rr: RouteRequest, router: Router, view: ClusterView
+    ) -> int | Hold:
         now = self.env.now
+        d, rec = route_explained(router, rr, view)
         since = self._queued_since.get(req.req_id, now)
+        rec.update({"time": now, "queue_s": now - since, "class": req.req_class.value})
         assert self.decisions is not None
-        self.decisions.append(
-            {
-                "req_id": req.req_id,
-                "time": now,
-                "model": req.model,
-                "class": req.req_class.value,
-                "priority": req.priority,
-                "considered": rec.get("considered", []),
-                "candidates": rec.get("candidates", []),
-                "scores": rec.get("scores", {}),
-                "total": rec.get("total", []),
-                "pick": -1 if isinstance(d, Hold) else d,
-                "hold": d.reason if isinstance(d, Hold) else "",
-                "queue_s": now - since,
-            }
-        )
+        self.decisions.append(rec)
         return d
 
     def _on_done(self, rep: Replica, req: Request) -> None:
@@ -476,7 +497,7 @@ class Cluster:
         if ctl is not None and ctl.wants_events:
             self._apply(ctl.on_event(Event("finish", self.env.now, req_id=req.req_id), self.view))
         if self.queue:
-            self._pull_soon(rep.spec.model)
+            self._pull_pools(rep.spec)
             if req.model == "default":
                 for m in self.queue:
                     self._pull_soon(m)
@@ -555,6 +576,8 @@ class Cluster:
             if inst is not None and (inst.num_live > 0 or inst.busy):
                 left = True
                 inst.abort_all()
+        for r in self.handoff.take_all() if self.handoff is not None else ():
+            self.queue.setdefault(queue_key(r), []).append(r)  # aborted below
         for model in sorted(self.queue):
             for r in self.queue[model]:
                 left = True

@@ -71,10 +71,11 @@ class TransferConfig(BaseModel):
         default=None, gt=0, description="host-to-GPU rate per GPU, GB/s; unset: the GPU spec's"
     )
     init_s: float = Field(default=0.0, ge=0, description="fixed start-up added to every load")
-    kv_link_gb_per_s: float = Field(
-        default=25.0,
+    kv_link_gb_per_s: float | None = Field(
+        default=None,
         gt=0,
-        description="prefill-to-decode KV link, GB/s (disaggregated serving)",
+        description="prefill-to-decode KV link per GPU, GB/s (disaggregated serving); unset: "
+        "the prefill GPU's measured NVLink rate (A100 224, H100 340.8, A40 4.0), else PCIe",
     )
     kv_link_latency_s: float = Field(default=0.0, ge=0, description="per KV transfer")
 

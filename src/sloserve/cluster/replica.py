@@ -156,7 +156,9 @@ class SimReplicaView:
     @property
     def outstanding(self) -> int:
         inst = self._r.instance  # Replica.holds inlined: routers read it for every candidate
-        return 0 if inst is None else len(inst.waiting) + len(inst.running) + len(inst.swapped)
+        if inst is None:
+            return 0
+        return len(inst.waiting) + len(inst.running) + len(inst.swapped) + len(inst.incoming)
 
     @property
     def queued_prompt_tokens(self) -> int:

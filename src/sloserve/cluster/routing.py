@@ -452,3 +452,29 @@ def check_router(name: str, params: Mapping[str, Any] | None = None) -> RouterFa
 def make_router(name: str, params: Mapping[str, Any] | None = None, *, seed: int = 0) -> Router:
     """A fresh router by name (routers keep state: rotation pointers, RNGs)."""
     return check_router(name, params)(seed=seed, **dict(params or {}))
+
+
+def route_explained(
+    router: Router, rr: RouteRequest, view: ClusterView
+) -> tuple[int | Hold, dict[str, Any]]:
+    """Route ``rr`` and describe the decision (the cluster's ``trace_decisions`` record,
+    less its time, queueing time and class)."""
+    rec: dict[str, Any] = {}
+    if isinstance(router, PipelineRouter):
+        d = router.route(rr, view, explain=rec)
+    else:
+        d = router.route(rr, view)
+    return d, {
+        "req_id": rr.req_id,
+        "time": 0.0,
+        "model": rr.model,
+        "class": "",
+        "priority": rr.priority,
+        "considered": rec.get("considered", []),
+        "candidates": rec.get("candidates", []),
+        "scores": rec.get("scores", {}),
+        "total": rec.get("total", []),
+        "pick": -1 if isinstance(d, Hold) else d,
+        "hold": d.reason if isinstance(d, Hold) else "",
+        "queue_s": 0.0,
+    }

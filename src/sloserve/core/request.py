@@ -15,6 +15,16 @@ to WAITING (:meth:`Request.requeue_after_failure`) and is served again from scra
 another replica. The tokens its client had already received are kept as absolute times in
 ``streamed_times``; the re-served request regenerates them without delivering them again, so
 its client timeline is ``streamed_times`` followed by the new replica's tokens beyond them.
+
+Disaggregated prefill/decode (the cluster layer): a prefill replica runs the prompt and
+emits the first token, then the request leaves it (:meth:`Request.hand_off`): RUNNING ->
+WAITING with ``num_computed_tokens == num_prompt_tokens`` and one output token, its client
+timeline so far in ``streamed_times``. The KV of the prompt moves to a decode replica,
+which admits it with those blocks allocated (no recompute) and runs decode steps of one
+token each: the first decode step computes the first output token's KV and emits token 2.
+``token_runs`` restarts as one placeholder token (iteration 0 of the decode replica) that
+stands in for the tokens already streamed, so the decode replica's tokens line up behind
+``streamed_times`` exactly as after a failover.
 """
 
 from __future__ import annotations
@@ -261,6 +271,19 @@ class Request:
         self.token_runs = []
         self.instance_id = -1
         self.num_failovers += 1
+
+    def hand_off(self, now: float, streamed: list[float]) -> None:
+        """RUNNING -> WAITING: a prefill replica emitted the first token; the request leaves
+        it with its prompt's KV (``num_computed_tokens`` unchanged), to be decoded on
+        another replica (module docstring). ``streamed`` is the client timeline so far."""
+        self._move((RequestStatus.RUNNING,), RequestStatus.WAITING, now)
+        if len(streamed) > len(self.streamed_times):
+            self.streamed_times = list(streamed)
+        # One placeholder token per output token already emitted, so that the decode
+        # replica's tokens are the ones beyond ``streamed_times`` (see token_times).
+        n = self.num_output_tokens
+        self.token_runs = [0, n - 1] if n else []
+        self.instance_id = -1
 
     def reject(self, now: float, reason: str) -> None:
         """WAITING -> REJECTED: the request can never be served (e.g. longer than M)."""

@@ -23,6 +23,22 @@ Model loading (QLM's warm start)
     Default disk bandwidth: 2 GB/s (``DEFAULT_DISK_GB_PER_S``): one data-centre NVMe SSD
     reads 3–7 GB/s sequentially, but safetensors loading through the page cache achieves
     about 1–3 GB/s; network file systems are slower (pass ``disk_gb_per_s``).
+
+KV transfers between replicas (disaggregated prefill/decode)
+    ``latency + tokens × KV bytes per token per GPU / link rate``: each GPU of a
+    tensor-parallel prefill replica sends its shard to its peer in parallel. The default
+    link rate per GPU kind (``MEASURED_KV_LINK_GB_PER_S``) is Vidur's measured
+    point-to-point ``send_recv`` between two GPUs of one node (NCCL over NVLink),
+    ``vidur-profiling/network/<gpu>_dgx/send_recv.csv``: ``size`` is bytes (Vidur's
+    profiler writes ``size * 2`` for fp16 elements, "# bytes"), times are ms; the rate is
+    the median of ``size / median time`` over the rows with ``devices_per_node == 2``
+    (both GPUs in one node) and sizes of 32–64 MiB (where the rate has levelled off):
+    A100 (``a100_dgx``) 224.0 GB/s, H100 (``h100_dgx``) 340.8 GB/s, A40
+    (``a40_pairwise_nvlink``, the only A40 file) 4.0 GB/s. The ``h100_pairwise_nvlink``
+    file is a byte-for-byte copy of the A100 one, so it is not used. Rows with
+    ``devices_per_node == 1`` (two nodes) give 7.8 GB/s (A100) and 35.3 GB/s (H100): pass
+    ``kv_link_gb_per_s`` for prefill and decode replicas on different nodes. A GPU without
+    a measurement uses its PCIe rate.
 """
 
 from __future__ import annotations
@@ -148,3 +164,17 @@ def kv_transfer_time(
     if num_tokens <= 0:
         return 0.0
     return latency_s + num_tokens * kv_bytes_per_token / (link_gb_per_s * 1e9)
+
+
+MEASURED_KV_LINK_GB_PER_S: dict[str, float] = {"A100": 224.0, "H100": 340.8, "A40": 4.0}
+"""Measured intra-node GPU-to-GPU rate by GPU family, GB/s (module docstring)."""
+
+
+def default_kv_link_gb_per_s(gpu: GPUSpec) -> float:
+    """The KV link rate for replicas on ``gpu``: its family's measured NVLink rate
+    (``MEASURED_KV_LINK_GB_PER_S``, matched on the name's prefix), else its PCIe rate."""
+    name = gpu.name.upper()
+    for family, rate in MEASURED_KV_LINK_GB_PER_S.items():
+        if name.startswith(family + "-") or name == family:
+            return rate
+    return gpu.pcie_gb_per_s

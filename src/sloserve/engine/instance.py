@@ -10,6 +10,14 @@ Beside this file: :mod:`~sloserve.engine.checks` validates each policy output be
 anything changes, and :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch up
 to the next event in one step (the same result as stepping; ``multi_step=False`` turns it
 off, tests compare the two).
+
+Disaggregated prefill/decode (the cluster sets these; a single replica uses neither, and
+its path is unchanged): with :attr:`Instance.hand_off` set (a prefill replica) a request
+leaves the instance as soon as it has emitted its first token (unless that was its last),
+its KV freed here (:meth:`Request.hand_off`), and the callback gets it.
+:meth:`Instance.add_prefilled` takes such a request on a decode replica: its prompt's KV is
+allocated on admission (no recompute) and it joins the running decodes; when the KV cache
+has no room it waits, in arrival order, until blocks free.
 """
 
 from __future__ import annotations
@@ -120,6 +128,12 @@ class Instance:
         self._pending: _Pending | None = None
         self._abort_after: list[Request] = []
         """Requests whose abort waits for the in-flight iteration that contains them."""
+        self.incoming: list[Request] = []
+        """Prefilled requests (:meth:`add_prefilled`) waiting for KV room, by arrival."""
+        self.hand_off: Callable[[Request], None] | None = None
+        """Set on a prefill replica: called with each request that leaves after its first
+        token (module docstring)."""
+        self.num_handed_off = 0
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -145,7 +159,7 @@ class Instance:
 
     @property
     def num_live(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
+        return len(self.waiting) + len(self.running) + len(self.swapped) + len(self.incoming)
 
     @property
     def busy_until(self) -> float:
@@ -178,6 +192,42 @@ class Instance:
             # Woken as an iteration event so that every arrival at this instant is queued first.
             self.env.schedule(now, self._iterate, PRIO_ITERATION)
 
+    def add_prefilled(self, req: Request) -> None:
+        """A request whose prompt a prefill replica computed arrives now with its KV
+        (``num_computed_tokens`` tokens, one output token): the blocks are allocated here
+        on admission and it runs as a decode; it waits (:attr:`incoming`) while the KV
+        cache has no room or R_max requests run, and is rejected if it can never fit."""
+        now = self.env.now
+        req.instance_id = self.instance_id
+        total = req.num_prompt_tokens + req.true_output_len
+        if total - 1 > self._max_seq:
+            req.reject(
+                now,
+                f"prompt+output {total} tokens exceeds what policy {self.scheduler.name!r} "
+                f"can hold ({self._max_seq} tokens)",
+            )
+            self._done(req)
+            return
+        self.kv.note_class(req.req_id, req.req_class)
+        bisect.insort(self.incoming, req, key=_arrival_key)
+        self._admit_incoming(now)
+        if not self._busy and not self._wake_pending:
+            self._wake_pending = True
+            self.env.schedule(now, self._iterate, PRIO_ITERATION)
+
+    def _admit_incoming(self, now: float) -> None:
+        """Allocate the KV of waiting prefilled requests, in order, while it fits and the
+        running set is below R_max."""
+        incoming = self.incoming
+        cap = self.limits.max_running
+        while incoming and len(self.running) < cap:
+            r = incoming[0]
+            if self.kv.allocate(r.req_id, r.num_computed_tokens) is None:
+                return
+            incoming.pop(0)
+            r.start(now)
+            bisect.insort(self.running, r, key=_arrival_key)
+
     def _done(self, req: Request) -> None:
         self.kv.forget(req.req_id)
         self.done.append(req)
@@ -190,6 +240,8 @@ class Instance:
         env = self.env
         now = env.now
         self.view.now = now
+        if self.incoming:
+            self._admit_incoming(now)
         out = self.scheduler.schedule(self.view)
         if out.empty:
             self._busy = False
@@ -412,6 +464,29 @@ class Instance:
             r.finish(end)
             self.scheduler.on_finish(r, end)
             self._done(r)
+        if self.hand_off is not None:
+            self._hand_off(pending.batch, end)
+
+    def _hand_off(self, batch: tuple[ScheduledRequest, ...], end: float) -> None:
+        """A prefill replica: every request of ``batch`` that has its first token now and
+        more to generate leaves (its KV freed here) for the :attr:`hand_off` callback.
+        One whose client abort waits for this iteration stays, to be aborted here."""
+        assert self.hand_off is not None
+        iter_end: np.ndarray | None = None
+        for r, _n in batch:
+            if r.status is not RequestStatus.RUNNING or not r.num_output_tokens:
+                continue
+            if any(a is r for a in self._abort_after):
+                continue
+            if iter_end is None:
+                iter_end = np.asarray(self.iter_end, dtype=np.float64)
+            self.kv.free(r.req_id)
+            self.kv.forget(r.req_id)
+            self.running.remove(r)
+            self.scheduler.on_finish(r, end)  # the policy forgets it: it left this replica
+            r.hand_off(end, token_times(r, iter_end).tolist())
+            self.num_handed_off += 1
+            self.hand_off(r)
 
     # ------------------------------------------------------------------ teardown
     def abort(self, req: Request) -> bool:
@@ -433,6 +508,8 @@ class Instance:
         if req.status is RequestStatus.PREEMPTED_SWAPPED:
             self.kv.drop_swapped(req.req_id)
             self.swapped.remove(req)
+        elif any(r is req for r in self.incoming):
+            self.incoming.remove(req)
         else:
             self.kv.free(req.req_id)
             (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
@@ -452,7 +529,7 @@ class Instance:
             if done:
                 self._retire(pending, done)
             self.busy_time -= pending.ends[-1] - now
-        live = [*self.waiting, *self.running, *self.swapped]
+        live = [*self.waiting, *self.running, *self.swapped, *self.incoming]
         for r in live:
             if r.status is RequestStatus.PREEMPTED_SWAPPED:
                 self.kv.drop_swapped(r.req_id)
@@ -463,6 +540,7 @@ class Instance:
         self.waiting.clear()
         self.running.clear()
         self.swapped.clear()
+        self.incoming.clear()
         self._abort_after.clear()
         self._busy = False
         return len(live)
@@ -488,10 +566,13 @@ class Instance:
             self.busy_time -= pending.ends[-1] - now
         aborts = {id(r) for r in self._abort_after}
         self._abort_after.clear()
-        live = sorted([*self.waiting, *self.running, *self.swapped], key=_arrival_key)
+        live = sorted(
+            [*self.waiting, *self.running, *self.swapped, *self.incoming], key=_arrival_key
+        )
         self.waiting.clear()
         self.running.clear()
         self.swapped.clear()
+        self.incoming.clear()
         self._busy = False
         iter_end = np.asarray(self.iter_end, dtype=np.float64)
         out: list[Request] = []

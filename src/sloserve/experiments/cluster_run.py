@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
 from sloserve.costmodel.profile import ReplicaProfile, load_profile
+from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_time
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.experiments.runner import (
@@ -197,6 +198,7 @@ def simulate_cluster(
     rparams = dict(ccfg.router_params)
     seed = int(rparams.pop("seed", cfg.workload.seed))
     router = make_router(ccfg.router, rparams, seed=seed)
+    pd = ccfg.disaggregated
     clu = Cluster(
         env,
         specs,
@@ -208,6 +210,9 @@ def simulate_cluster(
         controller=UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None,
         trace_decisions=ccfg.trace_decisions,
         servable=served,
+        kv_transfer=_kv_transfer(ccfg, profiles) if pd else None,
+        # Its own router state (a rotation over decode replicas, its own draws).
+        decode_router=make_router(ccfg.router, rparams, seed=seed) if pd else None,
     )
     for f in ccfg.failures:
         clu.schedule_failure(f.replica, f.at_s, f.recover_s)
@@ -244,6 +249,24 @@ def simulate_cluster(
         else max([r.finish_time or 0.0 for r in reqs] + [0.0])
     )
     return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0)
+
+
+def _kv_transfer(
+    ccfg: ClusterConfig, profiles: Mapping[int, ReplicaProfile]
+) -> Callable[[ReplicaSpec, Request], float]:
+    """The KV transfer time off a prefill replica (``costmodel/transfer.py``): its prompt's
+    KV per GPU over ``transfer.kv_link_gb_per_s`` (unset: its GPU's measured rate)."""
+    t = ccfg.transfer
+
+    def transfer_time(spec: ReplicaSpec, req: Request) -> float:
+        prof = profiles[spec.group]
+        rate = t.kv_link_gb_per_s or default_kv_link_gb_per_s(prof.gpu)
+        per_token = prof.model.kv_bytes_per_token_tp(prof.tp)
+        return kv_transfer_time(
+            req.num_computed_tokens, per_token, link_gb_per_s=rate, latency_s=t.kv_link_latency_s
+        )
+
+    return transfer_time
 
 
 def _result(
@@ -323,7 +346,9 @@ def _result(
             "profile": rep.spec.profile,
             "policy": rep.spec.policy,
             "model": rep.spec.model,
+            "role": rep.spec.role,
             "served": rep.served,
+            "handed_off": sum(i.num_handed_off for i in rep.incarnations),
             "utilisation": rep.busy_seconds() / u if u > 0 else None,
             "kv_usage_mean": rep.kv_usage_mean(),
             "preemptions": rep.preemptions(),
@@ -346,6 +371,10 @@ def _result(
     summary["holds"] = dict(sorted(clu.holds.items()))
     summary["aborted_by_reason"] = dict(sorted(Counter(clu.abort_reasons.values()).items()))
     summary["failovers"] = int(sum(r.num_failovers for r in reqs))
+    ho = clu.handoff
+    summary["kv_transfers"] = len(ho.durations) if ho else 0
+    summary["kv_transfer_s_mean"] = float(np.mean(ho.durations)) if ho and ho.durations else None
+    summary["kv_transfers_lost"] = ho.lost if ho else 0
     if len(table) and (table["model"] != "default").any():
         summary["slo_attainment_by_model"] = {
             str(m): (float(v.mean()) if len(v := g["slo_ok"].dropna()) else None)

@@ -29,11 +29,11 @@ from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.summary import request_table, summarize, token_times
 from sloserve.policies.registry import make_policy
 from sloserve.workloads.arrivals import ConstantArrivals
+from sloserve.workloads.batch_jobs import batch_job_requests
 from sloserve.workloads.spec import (
     BatchJobs,
     Workload,
     WorkloadSpec,
-    batch_job_requests,
     batch_rng,
     build_workload,
 )

@@ -1,10 +1,9 @@
 """The emulated backend: a simulated cluster stepped in wall-clock time.
 
-The replicas are a :class:`~sloserve.cluster.cluster.Cluster` — the very object
-``sloserve simulate --replicas N`` runs — described by a
-:class:`~sloserve.cluster.config.ClusterConfig` (replica groups with their profiles,
-policies and limits, the router, scheduled failures and drains) and built exactly as the
-simulation builds them (:func:`sloserve.experiments.cluster_run.group_configs`,
+The replicas are a :class:`~sloserve.cluster.cluster.Cluster` (what ``sloserve simulate
+--replicas N`` runs) described by a :class:`~sloserve.cluster.config.ClusterConfig`
+(replica groups, the router, scheduled failures and drains) and built as the simulation
+builds them (:func:`sloserve.experiments.cluster_run.group_configs`,
 :func:`sloserve.experiments.runner.build_instance`), on one
 :class:`~sloserve.engine.env.Environment`. Routing (a :mod:`sloserve.cluster.routing`
 router over the cluster's live ``ClusterView``), the global queue of held requests,

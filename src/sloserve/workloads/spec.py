@@ -578,33 +578,3 @@ def _from_table(
             raise WorkloadError(f"{spec.trace}: request {i}: {e}") from e
     return out
 
-
-def batch_job_requests(
-    jobs: BatchJobs,
-    spec: WorkloadSpec,
-    rng: np.random.Generator,
-    *,
-    first_id: int,
-    at: float,
-    max_context: int | None,
-) -> list[Request]:
-    """One batch of best-effort requests submitted at ``at`` (ids from ``first_id``)."""
-    mix = get_mix(jobs.mix)
-    prompts, outputs = mix.sample(rng, rng, jobs.batch_size)
-    prompts, outputs = _clip(prompts, outputs, spec.max_context or max_context)
-    rule = spec.rule(jobs.req_class)
-    slo = rule.slo()
-    speeds = spec.qoe.speeds(rng, jobs.batch_size)
-    return [
-        Request(
-            req_id=first_id + i,
-            arrival=at,
-            num_prompt_tokens=int(prompts[i]),
-            true_output_len=int(outputs[i]),
-            req_class=jobs.req_class,
-            priority=rule.priority,
-            slo=slo,
-            qoe=QoESpec(spec.qoe.ttft(int(prompts[i])), float(speeds[i])),
-        )
-        for i in range(jobs.batch_size)
-    ]

@@ -53,7 +53,8 @@ def measure_overhead(
     (half RT from ShareGPT, half one BE batch) all arriving at t = 0."""
     from sloserve.engine.env import PRIO_ARRIVAL, Environment
     from sloserve.experiments.runner import workload_of
-    from sloserve.workloads.spec import batch_job_requests, batch_rng
+    from sloserve.workloads.batch_jobs import batch_job_requests
+    from sloserve.workloads.spec import batch_rng
 
     cfg = overhead_config(policy, profile, queued, seed)
     wl = workload_of(cfg)

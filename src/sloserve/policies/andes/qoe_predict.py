@@ -201,6 +201,13 @@ class QoETracker:
         self.total[s] = max(1, predictor.predict(r))
         self.pf_len[s] = -1
         self.sw_len[s] = -1
+        # A request handed off by a prefill replica (disaggregated serving) arrives with
+        # tokens emitted elsewhere: fold in their delivery times, one by one, as sync would.
+        for d in r.streamed_times[: r.num_output_tokens]:
+            prev = self.a_last[s] + self.inv_s[s] if self.n[s] > 0 else self.t1[s]
+            self.a_last[s] = max(d, prev)
+            self.sum_a[s] += self.a_last[s]
+            self.n[s] += 1
         return s
 
     def release(self, req_id: int) -> None:
