@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import (
     _INSTANCE_FLAGS,
@@ -35,8 +34,13 @@ from sloserve.cli._app import (
 from sloserve.config import builtin_config
 from sloserve.core.errors import SloserveError
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 
 def _summary_table(results: dict[str, Any], title: str, label: str = "policy") -> Table:
+    from rich.table import Table  # here: a --json run prints no table (start-up time)
+
     from sloserve.experiments.report import SUMMARY_COLUMNS, summary_rows
 
     table = Table(title=title, show_lines=False)
@@ -110,6 +114,8 @@ def simulate(
 
 def _replica_table(summary: dict[str, Any]) -> Table:
     """One row per replica of a cluster run: what it served and how busy it was."""
+    from rich.table import Table
+
     t = Table(title=f"{len(summary['replicas'])} replicas, router {summary.get('router')}")
     for col in ("replica", "profile", "policy", "model"):
         t.add_column(col, no_wrap=col == "replica")
@@ -262,9 +268,7 @@ def compare(
 ) -> None:
     """Compare policies (or cluster routers) on the very same requests; print a table,
     optionally write a report."""
-    _compare(
-        {}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions
-    )
+    _compare({}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions)
 
 
 @app.command()
