@@ -10,9 +10,9 @@ imports, trace loading, simulation, summary and JSON output included:
 
 * ``single``: ``python -m sloserve.cli simulate --trace t1.csv --policy vllm --profile
   llama-2-70b-a100x2 --max-running 128 --max-batch-tokens 4096 --json``
-* ``cluster``: the same limits on 4 replicas with ``sarathi`` and the least-outstanding
-  router, at 4 req/s, through ``simulate_cluster`` (a small entry script), and printing
-  its JSON summary.
+* ``cluster``: ``python -m sloserve.cli simulate --trace t4.csv --policy sarathi --profile
+  llama-2-70b-a100x2 --max-running 128 --max-batch-tokens 4096 --replicas 4 --router
+  least-outstanding --json``: the same limits on 4 replicas at 4 req/s.
 
 Reports min/median wall seconds over ``--repeat`` runs (default 3), simulated iterations
 and the largest peak RSS (``ru_maxrss`` of the finished child).
@@ -39,26 +39,6 @@ N = 16384
 LIMITS = ["--max-running", "128", "--max-batch-tokens", "4096"]
 PROFILE = "llama-2-70b-a100x2"
 
-CLUSTER_SCRIPT = """\
-import json, sys
-from sloserve.cluster.config import ClusterConfig
-from sloserve.experiments.cluster_run import simulate_cluster
-from sloserve.experiments.report import jsonable
-from sloserve.experiments.runner import InstanceConfig, SimConfig
-from sloserve.workloads.spec import WorkloadSpec
-
-cfg = SimConfig(
-    workload=WorkloadSpec(trace=sys.argv[1]),
-    instance=InstanceConfig(profile=%(profile)r, max_running=128, max_batch_tokens=4096),
-    policy="sarathi",
-)
-ccfg = ClusterConfig.model_validate(
-    {"replicas": [{"profile": %(profile)r, "count": 4}], "router": "least-outstanding"}
-)
-res = simulate_cluster(cfg, ccfg)
-sys.stdout.write(json.dumps(jsonable(res.summary), indent=2) + "\\n")
-"""
-
 
 def build_trace(cache: Path, rate: float) -> Path:
     """The trace CSV at ``rate`` req/s (same lengths and exponential draws for every rate)."""
@@ -81,25 +61,17 @@ def build_trace(cache: Path, rate: float) -> Path:
 def commands(cache: Path) -> dict[str, list[str]]:
     t1 = build_trace(cache, 1.0)
     t4 = build_trace(cache, 4.0)
-    script = cache / "cluster_run.py"
-    script.write_text(CLUSTER_SCRIPT % {"profile": PROFILE})
-    py = sys.executable
+    cli = [sys.executable, "-m", "sloserve.cli", "simulate", "--profile", PROFILE, *LIMITS]
     return {
-        "single": [
-            py,
-            "-m",
-            "sloserve.cli",
-            "simulate",
+        "single": [*cli, "--trace", str(t1), "--policy", "vllm", "--json"],
+        "cluster": [
+            *cli,
             "--trace",
-            str(t1),
+            str(t4),
             "--policy",
-            "vllm",
-            "--profile",
-            PROFILE,
-            *LIMITS,
-            "--json",
+            "sarathi",
+            *["--replicas", "4", "--router", "least-outstanding", "--json"],
         ],
-        "cluster": [py, str(script), str(t4)],
     }
 
 

@@ -51,8 +51,6 @@ def _cluster_config(
     """The run's ClusterConfig (None: a single replica, today's path) and the YAML's
     ``routers:`` list, from the YAML's ``cluster:`` section and the flags. ``single``: the
     command runs one router, so a ``routers:`` list needs ``cluster.router`` or --router."""
-    from sloserve.cluster.config import ClusterConfig
-
     data = read_yaml(config) if config is not None else {}
     source = str(config) if config is not None else "command line"
     section = data.get("cluster")
@@ -69,6 +67,9 @@ def _cluster_config(
         and not trace_decisions
     ):
         return None, None
+    # Imported here: a single-replica run does not load the cluster layer (start-up time).
+    from sloserve.cluster.config import ClusterConfig
+
     if section is not None and not isinstance(section, dict):
         raise SloserveError(f"{source}: 'cluster' must be a mapping")
     if single and routers is not None and router is None and "router" not in (section or {}):

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import (
     _INSTANCE_FLAGS,
@@ -32,8 +31,13 @@ from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cl
 from sloserve.config import builtin_config
 from sloserve.core.errors import SloserveError
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 
 def _summary_table(results: dict[str, Any], title: str, label: str = "policy") -> Table:
+    from rich.table import Table  # here: a --json run prints no table (start-up time)
+
     from sloserve.experiments.report import SUMMARY_COLUMNS, summary_rows
 
     table = Table(title=title, show_lines=False)
@@ -110,6 +114,8 @@ def simulate(
 def _replica_table(summary: dict[str, Any]) -> Table:
     """One row per replica of a cluster run: what it served and how busy it was (with
     prefill/decode roles: each replica's role and the requests it handed off)."""
+    from rich.table import Table
+
     pd = any(r.get("role", "both") != "both" for r in summary["replicas"])
     cost = summary.get("cost_usd")
     title = (

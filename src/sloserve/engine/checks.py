@@ -125,15 +125,20 @@ def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> No
     decode_ids: list[int] = []
     need = 0
     scheduled_swaps: set[int] = set()
-    for r, n in out.batch:
+    blocks_needed = kv.blocks_needed
+    for r, n in out.batch:  # hot: one pass per single step (remaining_compute inlined)
         rid = r.req_id
-        if rid in swapping:
+        if swapping and rid in swapping:
             scheduled_swaps.add(rid)
             need += -(-(r.num_computed_tokens + n) // bs)
-        elif n == 1 and r.num_output_tokens and r.remaining_compute == 1:
+        elif (
+            n == 1
+            and r.num_output_tokens
+            and r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+        ):
             decode_ids.append(rid)
         else:
-            need += kv.blocks_needed(rid, n)
+            need += blocks_needed(rid, n)
     need += kv.decode_blocks_needed(decode_ids)
     need += sum(
         kv.swap_in_blocks_needed(r.req_id) for r in out.swap_in if r.req_id not in scheduled_swaps

@@ -262,7 +262,7 @@ class PagedKVManager(KVCacheManager):
         # A request needs a new block exactly when its last block is full.
         bs = self.block_size
         tokens = self._tokens
-        return sum(1 for r in req_ids if tokens.get(r, 0) % bs == 0)
+        return len([r for r in req_ids if tokens.get(r, 0) % bs == 0])  # faster than sum(gen)
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
         bs = self.block_size

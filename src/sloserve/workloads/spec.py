@@ -26,6 +26,7 @@ always give the same requests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
@@ -518,9 +519,10 @@ def _from_table(
 ) -> list[Request]:
     rules = spec.rules()
     n = len(df)
-    arrival = df["arrival_s"].to_numpy(dtype=np.float64)
-    prompt = df["prompt_tokens"].to_numpy()
-    output = df["output_tokens"].to_numpy()
+    # Python lists, not numpy scalars: one Request per row is the hot loop of a replay.
+    arrival = df["arrival_s"].to_numpy(dtype=np.float64).tolist()
+    prompt = df["prompt_tokens"].to_numpy().tolist()
+    output = df["output_tokens"].to_numpy().tolist()
     if "class" in df.columns:
         raw = df["class"].astype(str).str.strip().str.lower()
         bad = ~raw.isin(["rt", "be"])
@@ -534,43 +536,46 @@ def _from_table(
     else:
         classes = [spec.replay.default_class] * n
     model = df["model"].astype(str).tolist() if "model" in df.columns else ["default"] * n
-    prio = df["priority"].to_numpy(dtype=np.float64) if "priority" in df.columns else None
-    cols = {
-        k: df[k].to_numpy(dtype=np.float64)
+    prio = df["priority"].to_numpy(dtype=np.float64).tolist() if "priority" in df.columns else None
+    cols: dict[str, list[float]] = {
+        k: df[k].to_numpy(dtype=np.float64).tolist()
         for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
         if k in df.columns
     }
-    speeds = spec.qoe.speeds(rngs.speed, n)
+    speeds = spec.qoe.speeds(rngs.speed, n).tolist()
+    no_col = [math.nan] * n  # a missing column reads as NaN: the default applies
+    ttft_slo, tpot_slo, deadline, qoe_ttft, qoe_speed = (
+        cols.get(k, no_col)
+        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
+    )
 
-    def pick(col: str, i: int, default: float | None) -> float | None:
-        arr = cols.get(col)
-        if arr is None or np.isnan(arr[i]):
-            return default
-        return float(arr[i])
+    def pick(v: float, default: float | None) -> float | None:
+        return default if v != v else v  # v != v: NaN, an empty cell
 
     out: list[Request] = []
     for i in range(n):
         c = classes[i]
         rule = rules[c]
         p = int(prompt[i])
+        speed = speeds[i]
         try:
             out.append(
                 Request(
                     req_id=i,
-                    arrival=float(arrival[i]),
+                    arrival=arrival[i],
                     num_prompt_tokens=p,
                     true_output_len=int(output[i]),
                     req_class=c,
-                    priority=rule.priority if prio is None or np.isnan(prio[i]) else int(prio[i]),
+                    priority=rule.priority if prio is None or prio[i] != prio[i] else int(prio[i]),
                     model=model[i],
                     slo=SLO(
-                        pick("ttft_slo_s", i, rule.ttft_s),
-                        pick("tpot_slo_s", i, rule.tpot_s),
-                        pick("deadline_s", i, rule.deadline_s),
+                        pick(ttft_slo[i], rule.ttft_s),
+                        pick(tpot_slo[i], rule.tpot_s),
+                        pick(deadline[i], rule.deadline_s),
                     ),
                     qoe=QoESpec(
-                        pick("qoe_ttft_s", i, spec.qoe.ttft(p)) or 0.0,
-                        pick("qoe_tokens_per_s", i, float(speeds[i])) or float(speeds[i]),
+                        pick(qoe_ttft[i], spec.qoe.ttft(p)) or 0.0,
+                        pick(qoe_speed[i], speed) or speed,
                     ),
                 )
             )

@@ -56,6 +56,7 @@ from sloserve.engine.kv import KVCacheManager
 GroupMode = Literal["prefill-first", "decode-first", "single"]
 OrderKey = Literal["fcfs", "priority", "edf", "input", "output"]
 _INF = float("inf")
+_new_entry = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,16 @@ class UnifiedScheduler(Scheduler):
         return lambda r: (pred.predict(r), r.arrival, r.req_id)
 
     def _groups(
-        self, view: InstanceView, key: Callable[[Request], tuple[float, float, int]] | None
+        self,
+        view: InstanceView,
+        key: Callable[[Request], tuple[float, float, int]] | None,
+        filling: dict[int, int],
     ) -> list[tuple[Sequence[Request], bool]]:
-        """The groups in order, each flagged True when it holds only running decodes."""
+        """The groups in order, each flagged True when it holds only running decodes.
+
+        ``filling``: the running requests part-way through a (re)fill, by id (every other
+        running request is decoding).
+        """
 
         def srt(xs: Sequence[Request]) -> Sequence[Request]:
             return sorted(xs, key=key) if key is not None and len(xs) > 1 else xs
@@ -159,16 +167,15 @@ class UnifiedScheduler(Scheduler):
             # Without chunking every (re)fill completes in one iteration, so between
             # iterations every running request is decoding.
             return [(srt(view.swapped), False), (waiting, False), (running, True)]
-        decodes: list[Request] = []
-        prefills: list[Request] = []
-        for r in running:
-            n_out = r.num_output_tokens
-            if n_out and r.num_prompt_tokens + n_out - r.num_computed_tokens == 1:
-                decodes.append(r)
-            else:
-                prefills.append(r)
         if mode == "prefill-first":
-            return [(srt(view.swapped), False), (waiting, False), (running, not prefills)]
+            return [(srt(view.swapped), False), (waiting, False), (running, not filling)]
+        decodes: Sequence[Request]
+        prefills: Sequence[Request]
+        if filling:
+            decodes = [r for r in running if r.req_id not in filling]
+            prefills = [r for r in running if r.req_id in filling]
+        else:
+            decodes, prefills = running, []
         return [
             (decodes, True),
             (prefills, False),
@@ -189,12 +196,12 @@ class UnifiedScheduler(Scheduler):
         blocks_needed = kv.blocks_needed
         # Blocks still owed to running requests part-way through a (re)fill: vLLM allocates
         # a prompt's blocks when it is admitted, so they are not free for anyone else.
-        promised: dict[int, int] = {}
-        for r in view.running:
-            n_out = r.num_output_tokens
-            rem = r.num_prompt_tokens + n_out - r.num_computed_tokens
-            if not (n_out and rem == 1):
-                promised[r.req_id] = blocks_needed(r.req_id, rem)
+        promised = {
+            r.req_id: blocks_needed(r.req_id, rem)
+            for r in view.running
+            if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
+            or not r.num_output_tokens
+        }
         st = _State(
             free_blocks=kv.num_free_blocks - sum(promised.values()),
             cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
@@ -223,7 +230,7 @@ class UnifiedScheduler(Scheduler):
         RUNNING = RequestStatus.RUNNING
         SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
-        for group, all_decode in self._groups(view, key):
+        for group, all_decode in self._groups(view, key, promised):
             if (
                 all_decode
                 and group
@@ -237,7 +244,8 @@ class UnifiedScheduler(Scheduler):
                 ids = [r.req_id for r in group]
                 st.free_blocks -= kv.decode_blocks_needed(ids)
                 budget_c -= len(group)
-                batch.extend([ScheduledRequest(r, 1) for r in group])
+                # tuple.__new__: the named tuple without its Python-level __new__ (hot).
+                batch.extend([_new_entry(ScheduledRequest, (r, 1)) for r in group])
                 in_batch.update(ids)
                 running_decodes += len(group)
                 batch_decode = batch_decode if batch_decode is not None else True
