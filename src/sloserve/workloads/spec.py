@@ -197,7 +197,9 @@ class WorkloadSpec(BaseModel):
 
     mix: str = Field(default="sharegpt", description="named length mix (ignored when replaying)")
     trace: str | None = Field(default=None, description="trace file (ShareGPT: optional)")
-    trace_format: TraceFormat = "sloserve"
+    trace_format: TraceFormat = Field(
+        default="auto", description="trace format; auto: detected from the file's header"
+    )
     trace_use: Literal["replay", "lengths"] = Field(
         default="replay", description="replay the trace, or draw lengths from it"
     )
@@ -467,6 +469,7 @@ def _from_table(
         if k in df.columns
     }
     speeds = spec.qoe.speeds(rngs.speed, n)
+    hashes = df["hash_ids"].tolist() if "hash_ids" in df.columns else [None] * n
 
     def pick(col: str, i: int, default: float | None) -> float | None:
         arr = cols.get(col)
@@ -498,6 +501,7 @@ def _from_table(
                         pick("qoe_ttft_s", i, spec.qoe.ttft(p)) or 0.0,
                         pick("qoe_tokens_per_s", i, float(speeds[i])) or float(speeds[i]),
                     ),
+                    hash_ids=hashes[i],
                 )
             )
         except ValueError as e:
