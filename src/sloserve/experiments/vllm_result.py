@@ -91,38 +91,12 @@ def vllm_result(
         if not 0 <= p <= 100:
             raise ConfigError(f"percentile {p} must be within 0..100")
     iter_ends: Mapping[int, np.ndarray] = getattr(result, "iter_ends", None) or {-1: np.empty(0)}
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    itls: list[float] = []
-    e2els: list[float] = []
-    total_in = total_out = completed = failed = 0
-    starts: list[float] = []
-    ends: list[float] = []
-    buckets: dict[int, int] = {}
-    first_arrival = min((r.arrival for r in result.requests), default=0.0)
+    records: list[tuple[float, np.ndarray, int]] = []
     for r in result.requests:
-        if r.status is not RequestStatus.FINISHED or r.finish_time is None:
-            failed += 1
-            continue
-        ie = iter_ends.get(r.instance_id, result.iter_end)
-        t = token_times(r, ie)
-        n = int(t.size)
-        completed += 1
-        total_in += r.num_prompt_tokens
-        total_out += n
-        ttft = float(t[0]) - r.arrival
-        e2e = float(t[-1]) - r.arrival
-        ttfts.append(ttft)
-        e2els.append(e2e)
-        if n > 1:
-            tpots.append((e2e - ttft) / (n - 1))
-            itls.extend(np.diff(t).tolist())
-        starts.append(r.arrival)
-        ends.append(r.arrival + e2e)
-        for b in ((t - first_arrival) // 1.0).astype(np.int64).tolist():
-            buckets[b] = buckets.get(b, 0) + 1
+        if r.status is RequestStatus.FINISHED and r.finish_time is not None:
+            t = token_times(r, iter_ends.get(r.instance_id, result.iter_end))
+            records.append((r.arrival, t, r.num_prompt_tokens))
     duration = float(result.summary.get("simulated_seconds") or 0.0)
-    span = duration if duration > 0 else float("nan")
     rate, burstiness = _arrival_setup(result)
     out: dict[str, Any] = {
         "date": date or _dt.datetime.now().strftime("%Y%m%d-%H%M%S"),
@@ -138,9 +112,63 @@ def vllm_result(
         "request_rate": rate,
         "burstiness": burstiness,
         "max_concurrency": None,
+    }
+    out.update(
+        vllm_metrics(
+            records,
+            failed=len(result.requests) - len(records),
+            duration=duration,
+            metrics=metrics,
+            percentiles=percentiles,
+        )
+    )
+    return out
+
+
+def vllm_metrics(
+    records: Sequence[tuple[float, np.ndarray, int]],
+    *,
+    failed: int,
+    duration: float,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
+) -> dict[str, Any]:
+    """vLLM's benchmark metrics from completed requests, each ``(send time, token delivery
+    times, prompt tokens)`` on one clock, ``failed`` failed requests and the benchmark's
+    ``duration`` in seconds: usable on measured runs too (``benchmarks/serve_load.py``)."""
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    itls: list[float] = []
+    e2els: list[float] = []
+    total_in = total_out = 0
+    starts: list[float] = []
+    ends: list[float] = []
+    buckets: dict[int, int] = {}
+    t_first = min((s for s, _t, _p in records), default=0.0)
+    for start, times, prompt in records:
+        t = np.asarray(times, dtype=np.float64)
+        n = int(t.size)
+        if n == 0:
+            continue
+        total_in += prompt
+        total_out += n
+        ttft = float(t[0]) - start
+        e2e = float(t[-1]) - start
+        ttfts.append(ttft)
+        e2els.append(e2e)
+        if n > 1:
+            tpots.append((e2e - ttft) / (n - 1))
+            itls.extend(np.diff(t).tolist())
+        starts.append(start)
+        ends.append(start + e2e)
+        for b in ((t - t_first) // 1.0).astype(np.int64).tolist():
+            buckets[b] = buckets.get(b, 0) + 1
+    completed = len(ttfts)
+    span = duration if duration > 0 else float("nan")
+    out: dict[str, Any] = {
         "duration": duration,
         "completed": completed,
-        "failed": failed,
+        "failed": failed + len(records) - completed,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": completed / span,
