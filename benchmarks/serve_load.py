@@ -20,12 +20,16 @@ the server process (VmHWM) and of this process, and the load average (the machin
 shared: delays are wall-clock and grow when the processes do not get a core, while CPU per
 chunk is what the gateway costs).
 
+With ``--workers N`` the client talks instead to ``sloserve serve --backend openai
+--workers N`` (N gateway processes on one port) in front of that HTTP gateway: the
+overhead is then both hops' (the proxy's server CPU is not in the server CPU figures).
+
 ``agreement``: a ShareGPT-like workload (``--workload``, Poisson arrivals) through
 ``experiments.runner.simulate`` and through the live gateway (requests sent at their
 arrival times): mean TTFT and TPOT of both and their relative difference; the live
 scheduling overhead is the mean extra TTFT (live − simulated), in milliseconds.
 
-    python benchmarks/serve_load.py load [--streams 1000] [--max-tokens 128]
+    python benchmarks/serve_load.py load [--streams 1000] [--max-tokens 128] [--workers N]
     python benchmarks/serve_load.py load --result-format vllm --result-file res.json
 
 With ``--result-format vllm`` the load mode also writes the HTTP run as the JSON
@@ -197,10 +201,19 @@ def _serve_process(cfg_json: str, sock: socket.socket, out: str, ready: Any) -> 
         cpu_at_start[:] = [_cpu_s(), _sys_s()]
         await orig_start()
 
+    users: dict[str, str] = {}  # request id -> the client's stream tag (its `user` field)
+    orig_generate = be.generate
+
+    def generate(req: GenerationRequest) -> Any:
+        users[req.request_id] = str(req.body.get("user", req.request_id))
+        return orig_generate(req)
+
     async def stop(drain_timeout_s: float = 30.0) -> None:
         for rid, rep, r in be.log or []:
-            emitted[rid] = be.token_times(rep, r).tolist()
+            emitted[users.get(rid, rid)] = be.token_times(rep, r).tolist()
         await orig_stop(drain_timeout_s)
+
+    be.generate = generate  # type: ignore[method-assign]
 
     be.stop = stop  # type: ignore[method-assign]
     be.start = start  # type: ignore[method-assign]
@@ -275,7 +288,7 @@ class _SSEClient(asyncio.Protocol):
                     self.rid = json.loads(ev[6:])["id"]
                 if ev.startswith(b'data: {"error"'):
                     self.status = 599
-                else:
+                elif b'"text":""' not in ev:  # a token (a proxy may add an empty finish chunk)
                     self.times.append(now)
         return rest
 
@@ -310,10 +323,14 @@ async def _stream_one(port: int, body: bytes) -> tuple[str | None, list[float], 
 async def _http_client(
     args: argparse.Namespace, port: int, sent: dict[str, float] | None = None
 ) -> tuple[dict[str, list[float]], int, float]:
-    body = json.dumps(
-        {"model": MODEL, "prompt": [7] * args.prompt, "max_tokens": args.max_tokens,
-         "stream": True}
-    ).encode()  # fmt: skip
+    def body(i: int) -> bytes:
+        # `user` tags the stream: the engine's process keys its emit times by it (a proxy
+        # in between gives the response an id of its own)
+        return json.dumps(
+            {"model": MODEL, "prompt": [7] * args.prompt, "max_tokens": args.max_tokens,
+             "stream": True, "user": f"stream-{i}"}
+        ).encode()  # fmt: skip
+
     t0 = time.monotonic() + 0.1
     received: dict[str, list[float]] = {}
     errors = 0
@@ -323,19 +340,44 @@ async def _http_client(
         await asyncio.sleep(max(0.0, t0 + i * args.ramp / args.streams - time.monotonic()))
         at = time.monotonic()
         try:
-            rid, times, status = await _stream_one(port, body)
+            rid, times, status = await _stream_one(port, body(i))
         except Exception:
             errors += 1
             return
         if status != 200 or rid is None or len(times) != args.max_tokens:
             errors += 1
         if rid is not None:
-            received[rid] = times
+            received[f"stream-{i}"] = times
             if sent is not None:
-                sent[rid] = at
+                sent[f"stream-{i}"] = at
 
     await asyncio.gather(*(one(i) for i in range(args.streams)))
     return received, errors, t0
+
+
+def _start_proxy(args: argparse.Namespace, upstream_port: int) -> tuple[Any, int]:
+    """``sloserve serve --backend openai --workers N`` in front of the engine's gateway."""
+    import subprocess
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sloserve.cli", "serve", "--backend", "openai",
+         "--upstream", f"http://127.0.0.1:{upstream_port}", "--served-model-name", MODEL,
+         "--workers", str(args.workers), "--port", str(port), "--health-interval-s", "0",
+         "--max-queue", str(4 * args.streams), "--max-concurrency", str(2 * args.streams)],
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                return proc, port
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the proxy gateway did not start") from None
+            time.sleep(0.2)
 
 
 def _http(args: argparse.Namespace) -> dict[str, Any]:
@@ -353,17 +395,22 @@ def _http(args: argparse.Namespace) -> dict[str, Any]:
         proc.start()
         ready.wait(30)
         time.sleep(1.0)  # uvicorn listening
+        proxy = _start_proxy(args, port) if args.workers else None
         cpu, sys_s = _cpu_s(), _sys_s()
         sent: dict[str, float] = {}
-        received, errors, t0 = _run(_http_client(args, port, sent))
+        received, errors, t0 = _run(_http_client(args, proxy[1] if proxy else port, sent))
         wall = time.monotonic() - t0
         client_cpu, client_sys = _cpu_s() - cpu, _sys_s() - sys_s
+        if proxy is not None:
+            proxy[0].send_signal(signal.SIGTERM)
+            proxy[0].wait(60)
         assert proc.pid is not None
         os.kill(proc.pid, signal.SIGINT)
         proc.join(60)
         data = json.loads(Path(out).read_text())
     emitted = {k: np.asarray(v) for k, v in data["emitted"].items()}
-    res = _delays("http", received, emitted, errors, t0)
+    res = _delays(f"http via {args.workers} proxy workers" if args.workers else "http",
+                  received, emitted, errors, t0)  # fmt: skip
     res["server_peak_rss_mib"] = data["peak_rss_mib"]
     res["server_cpu_s"] = data["cpu_s"]
     res["server_sys_s"] = data["sys_s"]
@@ -418,6 +465,7 @@ def load(args: argparse.Namespace) -> None:
         "max_tokens": args.max_tokens,
         "profile": args.profile,
         "time_scale": args.time_scale,
+        "proxy_workers": args.workers,
         "overhead_per_chunk_p50_ms": http["delay"]["p50_ms"] - inp["delay"]["p50_ms"],
         "overhead_per_chunk_p99_ms": http["delay"]["p99_ms"] - inp["delay"]["p99_ms"],
         "server_cpu_overhead_us_per_chunk": http["server_cpu_us_per_chunk"]
@@ -489,6 +537,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-format", choices=["sloserve", "vllm"], default="sloserve")
     p.add_argument("--result-file", default="serve_load_vllm.json")
+    p.add_argument(
+        "--workers", type=int, default=0,
+        help="0: the client talks to the engine's gateway; N: through `sloserve serve "
+        "--backend openai --workers N` in front of it (the overhead is then both gateways')",
+    )  # fmt: skip
     args = p.parse_args()
     (load if args.mode == "load" else agreement)(args)
 

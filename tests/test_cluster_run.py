@@ -28,6 +28,9 @@ def test_one_replica_pass_through_is_the_single_replica_run(policy: str) -> None
         "replicas",
         "holds",
         "aborted_by_reason",
+        "rejected_by_reason",
+        "admission",
+        "model_loads",
         "failovers",
     }
     assert a.summary["aborted"] > 0  # the horizon path is covered too

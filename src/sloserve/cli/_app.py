@@ -424,6 +424,14 @@ ReplicasOpt = Annotated[
         "(or the YAML's cluster.replicas with one group: its count).",
     ),
 ]
+TraceDecisionsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trace-decisions",
+        help="Record every routing decision (a cluster run): decisions.parquet in --out.",
+    ),
+]
+
 RouterOpt = Annotated[
     str | None,
     typer.Option(
@@ -435,7 +443,12 @@ RouterOpt = Annotated[
 
 
 def _cluster_config(
-    config: Path | None, replicas: int | None, router: str | None, *, single: bool = False
+    config: Path | None,
+    replicas: int | None,
+    router: str | None,
+    *,
+    single: bool = False,
+    trace_decisions: bool = False,
 ) -> tuple[Any, list[str] | None]:
     """The run's ClusterConfig (None: a single replica, today's path) and the YAML's
     ``routers:`` list, from the YAML's ``cluster:`` section and the flags. ``single``: the
@@ -450,7 +463,13 @@ def _cluster_config(
         not isinstance(routers, list) or not all(isinstance(r, str) for r in routers)
     ):
         raise SloserveError(f"{source}: 'routers' must be a list of router names")
-    if section is None and replicas is None and router is None and routers is None:
+    if (
+        section is None
+        and replicas is None
+        and router is None
+        and routers is None
+        and not trace_decisions
+    ):
         return None, None
     if section is not None and not isinstance(section, dict):
         raise SloserveError(f"{source}: 'cluster' must be a mapping")
@@ -470,6 +489,8 @@ def _cluster_config(
         group = dict(groups[0]) if isinstance(groups, list) and groups else {}
         group["count"] = replicas
         cluster["replicas"] = [group]
+    if trace_decisions:
+        cluster["trace_decisions"] = True
     if router is not None:
         cluster["router"] = router
     elif "router" not in cluster:

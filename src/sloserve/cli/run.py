@@ -25,6 +25,7 @@ from sloserve.cli._app import (
     ReplicasOpt,
     RouterOpt,
     SeedOpt,
+    TraceDecisionsOpt,
     _build_config,
     _cluster_config,
     _with_flags,
@@ -101,6 +102,7 @@ def simulate(
     router: RouterOpt = None,
     result_format: ResultFormatOpt = "sloserve",
     chrome_trace: ChromeTraceOpt = None,
+    trace_decisions: TraceDecisionsOpt = False,
     *,
     flags: dict[str, Any],
 ) -> None:
@@ -110,7 +112,9 @@ def simulate(
     from sloserve.experiments.runner import simulate as run_one
 
     cfg, listed = _build_config({}, config, flags)
-    cluster, _routers = _cluster_config(config, replicas, router, single=True)
+    cluster, _routers = _cluster_config(
+        config, replicas, router, single=True, trace_decisions=trace_decisions
+    )
     if policy is not None:
         cfg = cfg.model_copy(update={"policy": policy})
     elif listed is not None:
@@ -188,12 +192,15 @@ def _compare(
     routers: str | None = None,
     result_format: str = "sloserve",
     chrome_trace: Path | None = None,
+    trace_decisions: bool = False,
 ) -> None:
     from sloserve.experiments.report import jsonable, write_report
     from sloserve.experiments.runner import compare as run_many
 
     cfg, listed = _build_config(base, config, flags)
-    cluster, yaml_routers = _cluster_config(config, replicas, router)
+    cluster, yaml_routers = _cluster_config(
+        config, replicas, router, trace_decisions=trace_decisions
+    )
     router_list = _split(routers) or (None if router is not None else yaml_routers)
     names = _split(policies) or listed
     label = "policy"
@@ -303,6 +310,7 @@ def compare(
     ] = None,
     result_format: ResultFormatOpt = "sloserve",
     chrome_trace: ChromeTraceOpt = None,
+    trace_decisions: TraceDecisionsOpt = False,
     *,
     flags: dict[str, Any],
 ) -> None:
@@ -320,6 +328,7 @@ def compare(
         routers,
         result_format,
         chrome_trace,
+        trace_decisions,
     )
 
 

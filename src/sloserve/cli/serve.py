@@ -16,10 +16,12 @@ from sloserve.cli._app import (
     _INSTANCE_FLAGS,
     ConfigOpt,
     _build_config,
+    _cluster_config,
     _with_flags,
     app,
     err_console,
 )
+from sloserve.config import read_yaml
 from sloserve.core.errors import ConfigError
 
 _SERVE_INSTANCE_FLAGS = tuple(f for f in _INSTANCE_FLAGS if f != "horizon")
@@ -102,14 +104,22 @@ def serve(
     gpu: Annotated[str, typer.Option("--gpu", help="Emulated: GPU name from the catalog.")] = (
         "a100-80gb"
     ),
-    replicas: Annotated[int, typer.Option("--replicas", help="Emulated: engine replicas.")] = 1,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            help="Emulated: engine replicas (1; or the count of the YAML's one cluster group).",
+        ),
+    ] = None,
     policy: Annotated[
         str | None, typer.Option("--policy", help="Emulated: per-instance policy (default vllm).")
     ] = None,
     router: Annotated[
         str | None,
         typer.Option(
-            "--router", help="round-robin, least-loaded (default), power-of-two, slo-aware."
+            "--router",
+            help="A cluster router (see `sloserve routers`; --plugin adds yours): "
+            "least-loaded (default), round-robin, least-outstanding, power-of-two, slo-aware…",
         ),
     ] = None,
     time_scale: Annotated[
@@ -216,6 +226,24 @@ def serve(
     drain_timeout: Annotated[
         float, typer.Option("--drain-timeout", help="Shutdown: seconds to let streams finish.")
     ] = 30.0,
+    request_read_timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--request-read-timeout-s",
+            help="A request's headers, then its body, must arrive within this (408 after).",
+        ),
+    ] = 30.0,
+    max_body_bytes: Annotated[
+        int, typer.Option("--max-body-bytes", help="Largest request body (413 above).")
+    ] = 32 * 2**20,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Openai: gateway processes on the one port (each with its own queue, "
+            "breakers and router; metrics summed).",
+        ),
+    ] = 1,
     seed: Annotated[
         int | None, typer.Option("--seed", help="Seed of output lengths and routers (0).")
     ] = None,
@@ -236,17 +264,25 @@ def serve(
         settings = GatewaySettings(
             strict=strict, slo_preset=slo_preset,
             default_max_tokens=default_max_tokens, pacing=pacing, drain_timeout_s=drain_timeout,
+            request_read_timeout_s=request_read_timeout_s, max_body_bytes=max_body_bytes,
+            workers=workers,
         )  # fmt: skip
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None
+    if backend == "emulated" and workers > 1:
+        raise ConfigError(
+            f"--workers {workers} needs --backend openai: the emulated backend's engines live "
+            "in one process (run it with --workers 1)"
+        )
     if backend == "emulated":
         be = _emulated_backend(
-            config, flags, model, gpu, replicas, policy, router or "least-loaded", time_scale,
+            config, flags, model, gpu, replicas, policy, router, time_scale,
             output_length, served_model_name, max_queue, seed or 0, admission,
         )  # fmt: skip
+        ccfg = be.cluster_config
         what = (
-            f"emulated {be.config.instance.profile} x{be.config.replicas}, policy "
-            f"{be.config.policy}, router {be.config.router}, model {be.model_name!r}"
+            f"emulated {be.config.instance.profile} x{ccfg.num_replicas}, policy "
+            f"{be.config.policy}, router {ccfg.router}, model {be.model_name!r}"
         )
     elif backend == "openai":
         given = {
@@ -258,6 +294,8 @@ def serve(
             "queue_timeout_s": queue_timeout_s, "forward_priority": forward_priority,
             "forward_slo": forward_slo,
         }  # fmt: skip
+        if replicas is not None:
+            raise ConfigError("--replicas is for --backend emulated (openai: --upstream URLs)")
         be = _upstream_backend(upstream or [], config, served_model_name, given)
         what = f"upstreams {', '.join(be.config.upstreams)}, router {be.config.router}"
     else:
@@ -270,6 +308,12 @@ def serve(
     from sloserve.serve.api import create_app
     from sloserve.serve.server import GatewayServer, server_options
 
+    if workers > 1:
+        from sloserve.serve.server import run_workers
+
+        err_console.print(f"sloserve serve: {what}, {workers} workers on http://{host}:{port}/v1")
+        run_workers(settings, be.config, host, port, log_level)
+        return
     err_console.print(f"sloserve serve: {what} on http://{host}:{port}/v1")
     server_config = uvicorn.Config(
         create_app(be, settings),
@@ -284,10 +328,12 @@ def serve(
 
 
 def _emulated_backend(
-    config: Path | None, flags: dict[str, Any], model: str, gpu: str, replicas: int,
-    policy: str | None, router: str, time_scale: float, output_length: str | None,
+    config: Path | None, flags: dict[str, Any], model: str, gpu: str, replicas: int | None,
+    policy: str | None, router: str | None, time_scale: float, output_length: str | None,
     served_model_name: str | None, max_queue: int | None, seed: int, admission: str | None,
 ) -> Any:  # fmt: skip
+    """The emulated cluster: the YAML's ``cluster:`` section (as ``simulate`` reads it) with
+    --replicas and --router on top; the gateway's default router is ``least-loaded``."""
     from pydantic import ValidationError
 
     from sloserve.config import validation_message
@@ -300,13 +346,20 @@ def _emulated_backend(
         served_model_name = served_model_name or model
     sim, _policies = _build_config({}, config, flags)
     load_profile(sim.instance.profile)  # an unknown model or GPU fails here, with the list
+    section = read_yaml(config).get("cluster") if config is not None else None
+    if router is None and not (isinstance(section, dict) and "router" in section):
+        router = "least-loaded"
+    yaml_router = section.get("router") if isinstance(section, dict) else None
+    cluster, _routers = _cluster_config(config, replicas, router, single=True)
+    if cluster is not None and router not in (None, yaml_router) and yaml_router is not None:
+        # --router replaced the YAML's router: its router_params were that one's
+        cluster = cluster.model_copy(update={"router_params": {}})
     try:
         cfg = EmulatedConfig(
             instance=sim.instance,
             policy=policy or sim.policy,
             policy_params=sim.policy_params,
-            replicas=replicas,
-            router=router,
+            cluster=cluster,
             time_scale=time_scale,
             output_length=parse_length(output_length) if output_length else None,
             seed=seed,

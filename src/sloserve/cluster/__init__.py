@@ -1,4 +1,11 @@
-"""The cluster layer (milestone 1): many replicas on one clock behind a router.
+"""The cluster layer: many replicas on one clock behind admission and a router.
+
+Milestone 2 adds (see each module's docstring and docs/cluster.md): the model registry,
+cold starts and model swaps (``models``, ``transfer``, ``cold_start``, ``model_swaps``;
+``cluster/models.py``), admission (``admission``; ``cluster/admission.py``), routing
+decisions as data (``trace_decisions``), and controllers with the utilisation autoscaler
+(``autoscaler``; ``cluster/controller.py``). Disaggregated prefill/decode (``role``) is
+validated but not built yet.
 
 Layer: above engine/policies/optimal, below experiments/serve. Entry point for runs:
 ``sloserve.experiments.cluster_run.simulate_cluster(sim_config, ClusterConfig(...))``; a

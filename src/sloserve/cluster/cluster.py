@@ -25,34 +25,79 @@ Choices:
   raises on a second end, and :meth:`Cluster.close` checks that none is left live.
   Requests still held when the run closes are aborted with a reason: ``horizon`` at the
   run's horizon, ``no_replica`` when the run ran out of events with nothing to serve them.
+- Fast path (speed only, the same requests' results): an instance fast-forwards a
+  repeatable batch up to the next event that can change it. With a router that reads only
+  request counts (:attr:`Router.reads_progress` false) and a KV manager that can shrink,
+  that is the next control event (a fault, join, drain, the horizon): neither arrivals
+  nor other replicas' iterations cut its runs; a request routed to it mid-run cuts the
+  run at that instant instead (:meth:`Instance.interrupt`), exactly where a run planned
+  to stop there would have ended. So an event costs the replica it reaches, not every
+  replica. With other routers every event cuts every run, so that what a router reads
+  is what it read before. The per-decision timeline is coarser (fewer, longer samples),
+  which moves ``scheduling_decisions`` and the KV-usage mean sampled from it, not the
+  requests.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
+from sloserve.cluster.admission import Admission, AlwaysAdmit
+from sloserve.cluster.controller import (
+    Action,
+    AddReplica,
+    ChangeModel,
+    Controller,
+    Event,
+    RemoveReplica,
+    ReorderQueue,
+    Requeue,
+)
 from sloserve.cluster.replica import InstanceFactory, Replica, ReplicaSpec, SimReplicaView
-from sloserve.cluster.routing import Hold, Router
+from sloserve.cluster.routing import Hold, PipelineRouter, Router
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
 from sloserve.core.errors import ConfigError, SloserveError
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.env import PRIO_CONTROL, Environment
+from sloserve.engine.instance import Instance
 
 
 class ConservationError(SloserveError, RuntimeError):
     """A request ended twice, or was left neither ended nor held (a cluster bug)."""
 
 
-def _key(r: Request) -> tuple[float, int]:
-    return (r.arrival, r.req_id)
+def _key(r: Request) -> tuple[int, float, int]:
+    # Priority first (lower is served first): with the default 0 this is arrival order.
+    return (r.priority, r.arrival, r.req_id)
+
+
+class ModelLoader(Protocol):
+    """How the cluster prices and applies a model load (``cluster/models.py`` behind it)."""
+
+    def load_time(self, spec: ReplicaSpec, model: str, tier: str) -> float: ...
+    def respec(self, spec: ReplicaSpec, model: str) -> ReplicaSpec:
+        """The replica's spec once it serves ``model`` (its profile for that model)."""
+        ...
+
+    def tier(self, model: str) -> str:
+        """Where ``model``'s weights are for a replica that has not held them yet."""
+        ...
 
 
 class Cluster:
-    """Replicas of ``specs`` on ``env``, requests routed by ``router``."""
+    """Replicas of ``specs`` on ``env``, requests routed by ``router``.
+
+    Optional parts: ``loader`` (model loads: cold starts when ``cold_start``, model changes),
+    ``admission`` (before routing; default: admit all), ``controller`` (ticks and events,
+    actions applied here), ``trace_decisions`` (every routing decision in
+    :attr:`decisions`), ``servable`` (models requests may name beyond the replicas' own).
+    """
 
     def __init__(
         self,
@@ -60,15 +105,36 @@ class Cluster:
         specs: Sequence[ReplicaSpec],
         make_instance: InstanceFactory,
         router: Router,
+        *,
+        loader: ModelLoader | None = None,
+        cold_start: bool = True,
+        admission: Admission | None = None,
+        controller: Controller | None = None,
+        trace_decisions: bool = False,
+        servable: Iterable[str] = (),
     ) -> None:
         self.env = env
         self.router = router
         self._make_instance = make_instance
+        self.loader = loader
+        self.cold_start = cold_start and loader is not None
+        self.admission: Admission = admission or AlwaysAdmit()
+        self.controller = controller
         self.replicas = [Replica(s) for s in specs]
         if [r.replica_id for r in self.replicas] != list(range(len(specs))):
             raise ConfigError("replica ids must be 0..N-1 in order")
+        self._group_spec: dict[int, ReplicaSpec] = {}
+        for s in specs:
+            self._group_spec.setdefault(s.group, s)
         self.view = ClusterView((SimReplicaView(r) for r in self.replicas), lambda: env.now)
-        self.models = frozenset(s.model for s in specs)
+        self.models = frozenset({*(s.model for s in specs), *servable})
+        self.rejected: Counter[str] = Counter()
+        """Admission rejections by reason."""
+        self.decisions: list[dict[str, Any]] | None = [] if trace_decisions else None
+        """Routing records (``trace_decisions``): one per routing attempt."""
+        self._queued_since: dict[int, float] = {}
+        self.pending_arrivals: Callable[[], bool] = lambda: False
+        """Whether arrivals are still to come (keeps controller ticks going)."""
         self.on_done: Callable[[Request], None] | None = None
         """Called after the cluster's bookkeeping each time a request ends (batch jobs)."""
         self.queue: dict[str, list[Request]] = {}
@@ -79,7 +145,10 @@ class Cluster:
         self.ended: dict[int, Request] = {}
         self.submitted = 0
         self._next_instance_id = len(specs)
+        self._num_configured = len(specs)
         self._pull_pending: set[str] = set()
+        self._replica_of: dict[int, Replica] = {}
+        """The replica of each instance (incarnation) id."""
         for r in self.replicas:
             if r.spec.start_s <= env.now:
                 self._join(r, first=True)
@@ -91,13 +160,76 @@ class Cluster:
         if rep.status is not ReplicaStatus.JOINING:
             return  # drained before it started
         rep.join_time = self.env.now
-        self._start(rep, rep.replica_id)
-        if not first:
-            self._pull_soon(rep.spec.model)
+        if first or not self.cold_start:
+            rep.warm_models.add(rep.spec.model)
+            self._start(rep, self._new_instance_id(rep))
+            if not first:
+                self._pull_soon(rep.spec.model)
+        else:
+            self._begin_load(rep, rep.spec.model)
+
+    def _new_instance_id(self, rep: Replica) -> int:
+        # A configured replica's first incarnation has its replica id; any other (a
+        # recovery, a reload, an added replica) takes the next free id.
+        if not rep.incarnations and rep.replica_id < self._num_configured:
+            return rep.replica_id
+        self._next_instance_id += 1
+        return self._next_instance_id - 1
+
+    # ------------------------------------------------------------------ models
+    def _begin_load(self, rep: Replica, model: str) -> None:
+        """The replica loads ``model`` (LOADING) and serves it once loaded."""
+        assert self.loader is not None
+        old = rep.spec.model
+        tier = "cpu" if model in rep.warm_models else self.loader.tier(model)
+        if model != old:
+            rep.spec = self.loader.respec(rep.spec, model)
+            self.view.moved(rep.replica_id, old)
+        t = self.loader.load_time(rep.spec, model, tier)
+        rep.status = ReplicaStatus.LOADING
+        rep.instance = None
+        rep.pending_model = None
+        rep.load_token += 1
+        now = self.env.now
+        rep.loads.append((now, now + t, model, tier))
+        self.env.schedule(
+            now + t, functools.partial(self._loaded, rep, rep.load_token), PRIO_CONTROL
+        )
+
+    def _loaded(self, rep: Replica, token: int) -> None:
+        if rep.load_token != token or rep.status is not ReplicaStatus.LOADING:
+            return  # failed, drained or reloaded meanwhile
+        rep.warm_models.add(rep.spec.model)
+        self._start(rep, self._new_instance_id(rep))
+        self._pull_soon(rep.spec.model)
+
+    def change_model(self, rep: Replica, model: str) -> None:
+        """Serve ``model``: stop accepting, finish what it holds, load, serve (docstring)."""
+        if self.loader is None:
+            raise ConfigError("model changes need a model registry")
+        if rep.status is ReplicaStatus.UP:
+            if model == rep.spec.model:
+                return
+            if rep.holds == 0:
+                self._begin_load(rep, model)
+            else:
+                rep.status = ReplicaStatus.DRAINING
+                rep.pending_model = model
+        elif rep.status is ReplicaStatus.DRAINING and rep.pending_model is not None:
+            rep.pending_model = model
+        elif rep.status is ReplicaStatus.LOADING and model != rep.spec.model:
+            self._begin_load(rep, model)
+
+    def schedule_model_swap(self, replica: int, at_s: float, model: str) -> None:
+        rep = self.replicas[replica]
+        self.env.schedule(at_s, functools.partial(self.change_model, rep, model), PRIO_CONTROL)
 
     def _start(self, rep: Replica, instance_id: int) -> None:
         inst = self._make_instance(rep.spec, instance_id)
         inst.on_done = functools.partial(self._on_done, rep)
+        self._replica_of[instance_id] = rep
+        if self._cuts_on_arrival(inst):
+            inst.next_event = self.env.peek_control
         rep.instance = inst
         rep.incarnations.append(inst)
         rep.status = ReplicaStatus.UP
@@ -113,30 +245,39 @@ class Cluster:
 
     def fail(self, rep: Replica) -> None:
         """The replica goes down; what it held is routed again (module docstring)."""
-        if rep.status not in (ReplicaStatus.UP, ReplicaStatus.DRAINING):
+        if rep.status not in (ReplicaStatus.UP, ReplicaStatus.DRAINING, ReplicaStatus.LOADING):
             return
         rep.failures += 1
-        rep.status = (
-            ReplicaStatus.LEFT if rep.status is ReplicaStatus.DRAINING else ReplicaStatus.FAILED
-        )
+        rep.load_token += 1
+        draining = rep.status is ReplicaStatus.DRAINING and rep.pending_model is None
+        rep.pending_model = None
+        rep.status = ReplicaStatus.LEFT if draining else ReplicaStatus.FAILED
         if rep.status is ReplicaStatus.LEFT:
             rep.leave_time = self.env.now
         inst = rep.instance
-        assert inst is not None
-        evacuated = inst.evacuate()
         rep.instance = None
+        if self.controller is not None and self.controller.wants_events:
+            self._apply(
+                self.controller.on_event(
+                    Event("failure", self.env.now, replica=rep.replica_id), self.view
+                )
+            )
+        if inst is not None:
+            self._requeue(inst.evacuate(), rep.spec.model)
+
+    def _requeue(self, evacuated: list[Request], model: str) -> None:
         if evacuated:
-            q = self.queue.setdefault(rep.spec.model, [])
+            q = self.queue.setdefault(model, [])
             for r in evacuated:
                 bisect.insort(q, r, key=_key)
-            self._pull(rep.spec.model)
+                self._queued_since[r.req_id] = self.env.now
+            self._pull(model)
 
     def recover(self, rep: Replica) -> None:
         """A failed replica comes back empty, as a fresh incarnation."""
         if rep.status is not ReplicaStatus.FAILED:
             return
-        self._start(rep, self._next_instance_id)
-        self._next_instance_id += 1
+        self._start(rep, self._new_instance_id(rep))
         self._pull(rep.spec.model)
 
     def drain(self, rep: Replica) -> None:
@@ -146,15 +287,25 @@ class Cluster:
             rep.status = ReplicaStatus.DRAINING
             if rep.holds == 0:
                 self._leave(rep)
+        elif st is ReplicaStatus.DRAINING:
+            rep.pending_model = None  # a drain wins over a pending model change
+            if rep.holds == 0:
+                self._leave(rep)
         elif st is ReplicaStatus.JOINING:
             rep.status = ReplicaStatus.LEFT
-        elif st is ReplicaStatus.FAILED:
+        elif st in (ReplicaStatus.FAILED, ReplicaStatus.LOADING):
+            rep.load_token += 1
             self._leave(rep)
 
     def _leave(self, rep: Replica) -> None:
         rep.status = ReplicaStatus.LEFT
         rep.leave_time = self.env.now
         rep.instance = None
+
+    def _cuts_on_arrival(self, inst: Instance) -> bool:
+        """Whether ``inst`` runs past arrivals and is cut when one reaches it (module
+        docstring, fast path)."""
+        return not self.router.reads_progress and inst.kv.can_shrink
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:
@@ -167,21 +318,65 @@ class Cluster:
             )
         if req.req_id in self.ended:
             raise ConservationError(f"request {req.req_id} submitted after it ended")
+        ctl = self.controller
+        if ctl is not None and ctl.wants_events:
+            self._apply(ctl.on_event(Event("arrival", self.env.now, req_id=req.req_id), self.view))
+        verdict = self.admission.admit(req, self)  # ``live`` does not count the arrival yet
         self.submitted += 1
+        if not verdict.admitted:
+            self._reject(req, verdict.reason)
+            return
+        if verdict.displace is not None:
+            gone = verdict.displace
+            self.queue[gone.model].remove(gone)
+            self._queued_since.pop(gone.req_id, None)
+            self._reject(gone, "shed_displaced")
         q = self.queue.get(model)
         if q:
             bisect.insort(q, req, key=_key)
+            self._queued_since[req.req_id] = self.env.now
             self._pull(model)
         else:
             self._route(req)
 
+    # AdmissionContext
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    @property
+    def live(self) -> int:
+        return self.submitted - len(self.ended)
+
+    def queued(self) -> Iterable[Request]:
+        for q in self.queue.values():
+            yield from q
+
+    def _reject(self, req: Request, reason: str) -> None:
+        req.reject(self.env.now, reason)
+        self.rejected[reason] += 1
+        self._end(req)
+
+    def _end(self, req: Request) -> None:
+        if req.req_id in self.ended:
+            raise ConservationError(f"request {req.req_id} ended twice")
+        self.ended[req.req_id] = req
+        if self.on_done is not None:
+            self.on_done(req)
+
     def _route(self, req: Request) -> bool:
         """Route one request; False (and queued) when the router holds it."""
-        d = self.router.route(RouteRequest.of(req), self.view)
+        rr = RouteRequest.of(req)
+        if self.decisions is None:
+            d = self.router.route(rr, self.view)
+        else:
+            d = self._route_traced(req, rr)
         if isinstance(d, Hold):
             self.holds[d.reason] += 1
             bisect.insort(self.queue.setdefault(req.model, []), req, key=_key)
+            self._queued_since.setdefault(req.req_id, self.env.now)
             return False
+        self._queued_since.pop(req.req_id, None)
         rep = self.replicas[d]
         if rep.status is not ReplicaStatus.UP or (
             req.model != "default" and rep.spec.model != req.model
@@ -190,9 +385,34 @@ class Cluster:
                 f"router {self.router.name!r} sent request {req.req_id} (model {req.model!r}) "
                 f"to replica {d} ({rep.status.value}, model {rep.spec.model!r})"
             )
-        assert rep.instance is not None
-        rep.instance.add_request(req)
+        inst = rep.instance
+        assert inst is not None
+        if self._cuts_on_arrival(inst):
+            inst.interrupt()
+        inst.add_request(req)
         return True
+
+    def abort(self, req: Request) -> bool:
+        """End a live request because its client went away (the live gateway): out of the
+        global queue if it is held there, else on its replica (at the end of the iteration
+        in flight if it is in it, :meth:`Instance.abort`). False when it already ended."""
+        if req.status.is_terminal:
+            return False
+        q = self.queue.get(req.model)
+        k = next((i for i, r in enumerate(q) if r is req), None) if q else None
+        if q is not None and k is not None:
+            del q[k]
+            req.abort(self.env.now)
+            self.abort_reasons[req.req_id] = "client"
+            if req.req_id in self.ended:
+                raise ConservationError(f"request {req.req_id} ended twice")
+            self.ended[req.req_id] = req
+            if self.on_done is not None:
+                self.on_done(req)
+            return True
+        rep = self._replica_of.get(req.instance_id)
+        inst = None if rep is None else rep.instance
+        return inst is not None and inst.abort(req)
 
     def _pull(self, model: str) -> None:
         """Hand held requests of ``model`` out, in order, until the router holds one."""
@@ -212,6 +432,33 @@ class Cluster:
         self._pull_pending.discard(model)
         self._pull(model)
 
+    def _route_traced(self, req: Request, rr: RouteRequest) -> int | Hold:
+        rec: dict[str, Any] = {}
+        if isinstance(self.router, PipelineRouter):
+            d = self.router.route(rr, self.view, explain=rec)
+        else:
+            d = self.router.route(rr, self.view)
+        now = self.env.now
+        since = self._queued_since.get(req.req_id, now)
+        assert self.decisions is not None
+        self.decisions.append(
+            {
+                "req_id": req.req_id,
+                "time": now,
+                "model": req.model,
+                "class": req.req_class.value,
+                "priority": req.priority,
+                "considered": rec.get("considered", []),
+                "candidates": rec.get("candidates", []),
+                "scores": rec.get("scores", {}),
+                "total": rec.get("total", []),
+                "pick": -1 if isinstance(d, Hold) else d,
+                "hold": d.reason if isinstance(d, Hold) else "",
+                "queue_s": now - since,
+            }
+        )
+        return d
+
     def _on_done(self, rep: Replica, req: Request) -> None:
         if req.req_id in self.ended:
             raise ConservationError(f"request {req.req_id} ended twice")
@@ -221,7 +468,13 @@ class Cluster:
         elif req.status is RequestStatus.ABORTED:
             self.abort_reasons[req.req_id] = self._abort_reason
         if rep.status is ReplicaStatus.DRAINING and rep.holds == 0:
-            self._leave(rep)
+            if rep.pending_model is not None:
+                self._begin_load(rep, rep.pending_model)
+            else:
+                self._leave(rep)
+        ctl = self.controller
+        if ctl is not None and ctl.wants_events:
+            self._apply(ctl.on_event(Event("finish", self.env.now, req_id=req.req_id), self.view))
         if self.queue:
             self._pull_soon(rep.spec.model)
             if req.model == "default":
@@ -232,6 +485,62 @@ class Cluster:
 
     _abort_reason = "client"
     """Why an instance aborted a request: its client (before close), else the close's."""
+
+    # ------------------------------------------------------------------ controller
+    def start_controller(self) -> None:
+        """Schedule the controller's first tick (``tick_s`` from now)."""
+        ctl = self.controller
+        if ctl is not None and ctl.tick_s is not None:
+            self.env.schedule(self.env.now + ctl.tick_s, self._tick, PRIO_CONTROL)
+
+    def _tick(self) -> None:
+        ctl = self.controller
+        assert ctl is not None and ctl.tick_s is not None
+        queued = {m: len(q) for m, q in self.queue.items() if q}
+        self._apply(ctl.on_tick(self.env.now, self.view, queued))
+        # Tick only while there is something to control: an idle, finished cluster stops.
+        if self.live > 0 or self.pending_arrivals():
+            self.env.schedule(self.env.now + ctl.tick_s, self._tick, PRIO_CONTROL)
+
+    def _apply(self, actions: Sequence[Action]) -> None:
+        """Carry out a controller's actions, in order (``cluster/controller.py``)."""
+        for a in actions:
+            if isinstance(a, AddReplica):
+                self.add_replica(a.group)
+            elif isinstance(a, RemoveReplica):
+                self.drain(self._replica(a.replica))
+            elif isinstance(a, ChangeModel):
+                self.change_model(self._replica(a.replica), a.model)
+            elif isinstance(a, Requeue):
+                rep = self._replica(a.replica)
+                if rep.instance is not None and rep.holds:
+                    self._requeue(rep.instance.evacuate(), rep.spec.model)
+            elif isinstance(a, ReorderQueue):
+                q = self.queue.get(a.model, [])
+                ids = set(a.req_ids)
+                front = {r.req_id: r for r in q if r.req_id in ids}
+                q[:] = [front[i] for i in a.req_ids if i in front] + [
+                    r for r in q if r.req_id not in ids
+                ]
+            else:
+                raise ConfigError(f"unknown controller action {a!r}")
+
+    def _replica(self, replica_id: int) -> Replica:
+        if not 0 <= replica_id < len(self.replicas):
+            raise ConfigError(f"controller action names replica {replica_id}, which is not there")
+        return self.replicas[replica_id]
+
+    def add_replica(self, group: int) -> Replica:
+        """A new replica of ``group`` joins now (a cold start when ``cold_start``)."""
+        base = self._group_spec.get(group)
+        if base is None:
+            raise ConfigError(f"controller action names replica group {group}, which is not there")
+        spec = dataclasses.replace(base, replica_id=len(self.replicas), start_s=self.env.now)
+        rep = Replica(spec)
+        self.replicas.append(rep)
+        self.view.add(SimReplicaView(rep))
+        self._join(rep)
+        return rep
 
     # ------------------------------------------------------------------ the end
     def close(self, horizon: float) -> bool:

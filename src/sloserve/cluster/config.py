@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sloserve.cluster.admission import AdmissionConfig
+from sloserve.cluster.controller import AutoscalerConfig
+from sloserve.cluster.models import ModelOverride, TransferConfig
 from sloserve.cluster.routing import check_router
 from sloserve.config import validate
 from sloserve.core.errors import ConfigError
@@ -31,9 +34,7 @@ class ReplicaGroup(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    count: int = Field(
-        default=1, ge=1, le=65_536, description="number of replicas in the group"
-    )
+    count: int = Field(default=1, ge=1, le=65_536, description="number of replicas in the group")
     profile: str | None = Field(
         default=None, description="hardware profile (name or YAML path); unset: the run's"
     )
@@ -56,6 +57,9 @@ class ReplicaGroup(BaseModel):
         default=None, ge=1, le=50_000_000, description="M override, in tokens"
     )
     cpu_swap_gib: float | None = Field(default=None, ge=0, description="CPU swap tier override")
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both", description="disaggregated serving: prefill or decode replicas"
+    )
 
     def instance_overrides(self) -> dict[str, Any]:
         """The instance fields this group sets (the rest come from the run)."""
@@ -93,6 +97,16 @@ class Drain(BaseModel):
     at_s: float = Field(ge=0, description="drain time")
 
 
+class ModelSwap(BaseModel):
+    """Replica ``replica`` changes to ``model`` at ``at_s`` (after finishing what it holds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    replica: int = Field(ge=0, description="replica index (0.., in group order)")
+    at_s: float = Field(ge=0, description="when it stops accepting its current model")
+    model: str = Field(description="the model it loads")
+
+
 class ClusterConfig(BaseModel):
     """Several replicas on one clock behind a router."""
 
@@ -107,6 +121,28 @@ class ClusterConfig(BaseModel):
     )
     failures: list[Failure] = Field(default_factory=list, description="scheduled failures")
     drains: list[Drain] = Field(default_factory=list, description="scheduled drains")
+    model_swaps: list[ModelSwap] = Field(
+        default_factory=list, description="scheduled model changes"
+    )
+    models: dict[str, ModelOverride] = Field(
+        default_factory=dict, description="model registry overrides (weights_gib, ...)"
+    )
+    transfer: TransferConfig = Field(
+        default_factory=TransferConfig, description="load and KV-transfer bandwidths"
+    )
+    cold_start: bool = Field(
+        default=True,
+        description="a replica joining after t=0 (or added) loads its model from disk first",
+    )
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig, description="admission before routing"
+    )
+    autoscaler: AutoscalerConfig | None = Field(
+        default=None, description="the utilisation-threshold autoscaler"
+    )
+    trace_decisions: bool = Field(
+        default=False, description="record every routing decision (result.decisions)"
+    )
 
     @classmethod
     def load(cls, data: Mapping[str, Any], source: str = "cluster") -> ClusterConfig:
@@ -117,6 +153,10 @@ class ClusterConfig(BaseModel):
     @property
     def num_replicas(self) -> int:
         return sum(g.count for g in self.replicas)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(g.role != "both" for g in self.replicas)
 
     def group_of(self) -> list[int]:
         """Group index of each replica, by replica index."""
@@ -145,6 +185,7 @@ class ClusterConfig(BaseModel):
         events: list[tuple[str, int, float]] = [
             *((f"failures.{i}", f.replica, f.at_s) for i, f in enumerate(self.failures)),
             *((f"drains.{i}", d.replica, d.at_s) for i, d in enumerate(self.drains)),
+            *((f"model_swaps.{i}", w.replica, w.at_s) for i, w in enumerate(self.model_swaps)),
         ]
         for where, rep, at in events:
             if rep >= n:
@@ -156,6 +197,31 @@ class ClusterConfig(BaseModel):
                 raise ConfigError(
                     f"cluster.{where}.at_s: {at} outside the run "
                     f"(replica {rep} joins at {start}, horizon {end})"
+                )
+        if self.disaggregated:
+            roles = {g.role for g in self.replicas}
+            if roles != {"prefill", "decode"}:
+                raise ConfigError(
+                    "cluster.replicas: disaggregated serving needs prefill and decode groups "
+                    f"and no 'both' (roles: {', '.join(sorted(roles))})"
+                )
+            if self.model_swaps or self.autoscaler is not None:
+                raise ConfigError(
+                    "cluster: model_swaps and autoscaler are not supported with "
+                    "prefill/decode roles"
+                )
+        a = self.autoscaler
+        if a is not None:
+            if a.group >= len(self.replicas):
+                raise ConfigError(
+                    f"cluster.autoscaler.group: {a.group} out of range "
+                    f"(groups 0..{len(self.replicas) - 1})"
+                )
+            c = self.replicas[a.group].count
+            if not a.min <= c <= a.max:
+                raise ConfigError(
+                    f"cluster.autoscaler: group {a.group} starts with {c} replicas, "
+                    f"outside min {a.min}..max {a.max}"
                 )
         for i, f in enumerate(self.failures):
             if f.recover_s is not None and not f.at_s < f.recover_s:

@@ -29,7 +29,7 @@ from sloserve.engine.instance import Instance
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
-    """What a replica is: fixed for the run."""
+    """What a replica is; a model change replaces it (new ``model`` and ``profile``)."""
 
     replica_id: int
     group: int
@@ -37,6 +37,8 @@ class ReplicaSpec:
     policy: str
     model: str
     start_s: float
+    role: str = "both"
+    """``both``, ``prefill`` or ``decode`` (disaggregated serving)."""
 
 
 InstanceFactory = Callable[[ReplicaSpec, int], Instance]
@@ -56,6 +58,14 @@ class Replica:
     served: int = 0
     """Requests that finished here."""
     failures: int = 0
+    pending_model: str | None = None
+    """The model it changes to once it has finished what it holds."""
+    load_token: int = 0
+    """Bumped by every load and failure: a load-done event with an old token is stale."""
+    loads: list[tuple[float, float, str, str]] = field(default_factory=list)
+    """(start, end, model, tier) of each model load."""
+    warm_models: set[str] = field(default_factory=set)
+    """Models whose weights it holds in host memory (loads of them are warm, from cpu)."""
 
     @property
     def replica_id(self) -> int:
@@ -112,6 +122,15 @@ class SimReplicaView:
         return f"replica-{self._r.spec.replica_id}"
 
     @property
+    def group(self) -> int:
+        return self._r.spec.group
+
+    @property
+    def capacity(self) -> int:
+        inst = self._r.instance
+        return 0 if inst is None else inst.limits.max_running
+
+    @property
     def model(self) -> str:
         return self._r.spec.model
 
@@ -136,7 +155,8 @@ class SimReplicaView:
 
     @property
     def outstanding(self) -> int:
-        return self._r.holds
+        inst = self._r.instance  # Replica.holds inlined: routers read it for every candidate
+        return 0 if inst is None else len(inst.waiting) + len(inst.running) + len(inst.swapped)
 
     @property
     def queued_prompt_tokens(self) -> int:

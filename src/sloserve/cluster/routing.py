@@ -7,7 +7,12 @@ replica of that model frees room (a request there ends) or one joins or recovers
 Candidates are the replicas serving the request's model; the first filter always keeps
 only those that accept requests (status UP). No candidate left is a hold, never an error.
 
-Stages, as in the gateway's ``serve/routing.py`` (whose routers will move onto this view):
+One router object, two clocks: these very objects route in the simulated cluster and in
+the live gateway (``sloserve serve``: the ``emulated`` backend runs a cluster in wall time,
+the ``openai`` backend builds a :class:`ClusterView` of its upstreams per decision and maps
+a :class:`Hold` onto its own queue).
+
+Stages:
 
 1. **Filters** narrow the candidate list (accepting; ``max_outstanding``; the TTFT target;
    power-of-two's seeded sample of two).
@@ -25,10 +30,20 @@ Choices where the papers are vague (all parameters, see :func:`make_router`):
   already has that many, and the cluster hands it out as soon as one has room.
 - ``jsq-tokens`` scores queued prompt tokens, with outstanding requests as a 0.1-weight
   tie-break (with nothing to prefill anywhere, fewer decodes wins).
+- ``least-loaded`` and ``power-of-two`` score ``outstanding`` (in the gateway: the larger
+  of its in-flight count and the engine's running + waiting) with KV usage as a second
+  scorer (``kv_weight``, 0.25): among equally loaded replicas the one with more free KV
+  (fewer preemptions) wins. ``power-of-two`` first samples two candidates (Mitzenmacher:
+  close to JSQ with stale load information, without herding onto the one that looked
+  idle at the last scrape).
 - ``slo-aware`` keeps replicas whose predicted TTFT meets the request's TTFT target (all of
   them when none does: whether to shed is admission's call, not the router's) and scores
-  the predicted TTFT (weight 1) and KV usage (``kv_weight``, 0.25). A replica without an
-  estimate scores non-finite (worst).
+  the predicted TTFT (weight 1) and KV usage (``kv_weight``, 0.25). The prediction is the
+  view's (the simulated replica's cost model; a gateway's cost-model estimate); a replica
+  without one (an upstream gateway without a ``profile``) gets a queue estimate: its
+  queued prompt tokens plus the request's × ``prefill_s_per_token`` (1e-4 s) plus one
+  ``decode_s_per_iter`` (20 ms) per running or waiting request interleaved (roughly a 7B
+  model on an A100). A non-finite estimate scores worst.
 - Randomised routers draw from a ``random.Random(seed)`` they own: runs are reproducible.
 """
 
@@ -90,13 +105,17 @@ def max_outstanding_filter(limit: int) -> Filter:
     return below_limit
 
 
-def ttft_target_filter(req: RouteRequest, cand: list[ReplicaView]) -> list[ReplicaView]:
-    """Replicas whose predicted TTFT meets the request's target (all if none does)."""
-    target = req.slo.ttft_s
-    if target is None:
-        return cand
-    ok = [r for r in cand if (p := r.predicted_ttft_s(req)) is not None and p <= target]
-    return ok or cand
+def ttft_target_filter(estimate: ScoreFn) -> Filter:
+    """Replicas whose estimated TTFT meets the request's target (all if none does)."""
+
+    def meets_ttft_target(req: RouteRequest, cand: list[ReplicaView]) -> list[ReplicaView]:
+        target = req.slo.ttft_s
+        if target is None:
+            return cand
+        ok = [r for r in cand if estimate(req, r) <= target]
+        return ok or cand
+
+    return meets_ttft_target
 
 
 def sample_filter(rng: random.Random, k: int = 2) -> Filter:
@@ -128,20 +147,50 @@ def kv_score(req: RouteRequest, r: ReplicaView) -> float:
 
 
 def ttft_score(req: RouteRequest, r: ReplicaView) -> float:
+    """The view's predicted TTFT (none: worst)."""
     p = r.predicted_ttft_s(req)
     return math.inf if p is None else p
 
 
+def ttft_estimate(prefill_s_per_token: float, decode_s_per_iter: float) -> ScoreFn:
+    """The view's predicted TTFT, else a queue estimate (module docstring)."""
+
+    def estimate(req: RouteRequest, r: ReplicaView) -> float:
+        p = r.predicted_ttft_s(req)
+        if p is not None:
+            return p
+        ahead = r.queued_prompt_tokens + req.prompt_tokens
+        # Engines interleave prefill with the running requests' decode steps: count one
+        # iteration per running (or waiting) request as interference.
+        return ahead * prefill_s_per_token + (r.running + r.waiting) * decode_s_per_iter
+
+    return estimate
+
+
 def normalised_scores(
-    req: RouteRequest, cand: Sequence[ReplicaView], scorers: Sequence[Scorer]
+    req: RouteRequest,
+    cand: Sequence[ReplicaView],
+    scorers: Sequence[Scorer],
+    per_scorer: dict[str, list[float]] | None = None,
 ) -> list[float]:
-    """Weighted sum over scorers of min-max normalised costs, one per candidate."""
+    """Weighted sum over scorers of min-max normalised costs, one per candidate.
+
+    ``per_scorer`` (decision tracing): filled with each scorer's normalised, unweighted
+    score per candidate (all 0 for a scorer that does not decide)."""
     total = [0.0] * len(cand)
     for s in scorers:
         raw = [float(s.fn(req, r)) for r in cand]
         finite = [v for v in raw if math.isfinite(v)]
         if not finite or (len(finite) == len(raw) and min(finite) == max(finite)):
+            if per_scorer is not None:
+                per_scorer[s.name] = [0.0] * len(cand)
             continue
+        if per_scorer is not None:
+            lo_, span_ = min(finite), max(finite) - min(finite)
+            per_scorer[s.name] = [
+                1.0 if not math.isfinite(v) else ((v - lo_) / span_ if span_ > 0 else 0.0)
+                for v in raw
+            ]
         lo, hi = min(finite), max(finite)
         span = hi - lo
         for k, v in enumerate(raw):
@@ -202,6 +251,13 @@ class Router(ABC):
     :class:`PipelineRouter` and :func:`register_router` it."""
 
     name: str = "router"
+    reads_progress: bool = True
+    """Whether the router reads a replica's progress (queued tokens, KV usage, predicted
+    TTFT, busy time) rather than only its request counts, model and status. A router that
+    does not lets each replica fast-forward past the other replicas' iterations (a
+    speed-up: request counts are the same at every routing decision either way); one
+    that does keeps every replica stopping at every event, so that what it reads is what
+    it read before. Unknown routers are assumed to read it."""
 
     @abstractmethod
     def route(self, req: RouteRequest, view: ClusterView) -> Decision:
@@ -219,21 +275,37 @@ class PipelineRouter(Router):
         picker: Picker,
         *,
         hold_reason: str = "no_candidate",
+        reads_progress: bool = True,
     ) -> None:
         self.name = name
+        self.reads_progress = reads_progress
         self.filters = [accepting, *filters]
         self.scorers = list(scorers)
         self.picker = picker
         self.hold_reason = hold_reason
         """Why a request is held when a filter after ``accepting`` empties the list."""
 
-    def route(self, req: RouteRequest, view: ClusterView) -> Decision:
+    def route(
+        self, req: RouteRequest, view: ClusterView, explain: dict[str, Any] | None = None
+    ) -> Decision:
+        """The decision; with ``explain`` (a dict), the same decision, and ``explain`` gets
+        ``considered`` (accepting replica ids), ``candidates`` (after every filter),
+        ``scores`` (scorer name -> normalised score per candidate) and ``total``."""
         cand = list(view.serving(req.model))
         for i, f in enumerate(self.filters):
             cand = f(req, cand)
+            if explain is not None and i == 0:
+                explain["considered"] = [c.replica_id for c in cand]
             if not cand:
                 return Hold("no_replica" if i == 0 else self.hold_reason)
-        scores = normalised_scores(req, cand, self.scorers)
+        if explain is None:
+            scores = normalised_scores(req, cand, self.scorers)
+            return self.picker(cand, scores).replica_id
+        per: dict[str, list[float]] = {}
+        scores = normalised_scores(req, cand, self.scorers, per)
+        explain["candidates"] = [c.replica_id for c in cand]
+        explain["scores"] = per
+        explain["total"] = scores
         return self.picker(cand, scores).replica_id
 
 
@@ -244,15 +316,15 @@ RouterFactory = Callable[..., Router]
 
 
 def _pass_through(seed: int) -> Router:
-    return PipelineRouter("pass-through", [], [], first_pick)
+    return PipelineRouter("pass-through", [], [], first_pick, reads_progress=False)
 
 
 def _random(seed: int) -> Router:
-    return PipelineRouter("random", [], [], random_pick(random.Random(seed)))
+    return PipelineRouter("random", [], [], random_pick(random.Random(seed)), reads_progress=False)
 
 
 def _round_robin(seed: int) -> Router:
-    return PipelineRouter("round-robin", [], [], rotation_pick())
+    return PipelineRouter("round-robin", [], [], rotation_pick(), reads_progress=False)
 
 
 def _least_outstanding(seed: int, max_outstanding: int | None = None) -> Router:
@@ -265,6 +337,7 @@ def _least_outstanding(seed: int, max_outstanding: int | None = None) -> Router:
         [Scorer("outstanding", outstanding_score)],
         lowest_pick(),
         hold_reason="max_outstanding",
+        reads_progress=False,
     )
 
 
@@ -291,12 +364,14 @@ def _jsq_tokens(seed: int, outstanding_weight: float = 0.1) -> Router:
     )
 
 
-def _power_of_two(seed: int) -> Router:
+def _power_of_two(seed: int, kv_weight: float = 0.25) -> Router:
     return PipelineRouter(
         "power-of-two",
         [sample_filter(random.Random(seed))],
-        [Scorer("outstanding", outstanding_score)],
+        [Scorer("outstanding", outstanding_score), Scorer("kv", kv_score, kv_weight)],
         lowest_pick(),
+        # The KV tie-break reads progress; with kv_weight 0 it only counts requests.
+        reads_progress=kv_weight > 0,
     )
 
 
@@ -304,11 +379,17 @@ def _least_kv(seed: int) -> Router:
     return PipelineRouter("least-kv", [], [Scorer("kv", kv_score)], lowest_pick())
 
 
-def _slo_aware(seed: int, kv_weight: float = 0.25) -> Router:
+def _slo_aware(
+    seed: int,
+    kv_weight: float = 0.25,
+    prefill_s_per_token: float = 1.0e-4,
+    decode_s_per_iter: float = 0.02,
+) -> Router:
+    estimate = ttft_estimate(prefill_s_per_token, decode_s_per_iter)
     return PipelineRouter(
         "slo-aware",
-        [ttft_target_filter],
-        [Scorer("ttft", ttft_score), Scorer("kv", kv_score, kv_weight)],
+        [ttft_target_filter(estimate)],
+        [Scorer("ttft", estimate), Scorer("kv", kv_score, kv_weight)],
         lowest_pick(),
     )
 
@@ -323,7 +404,10 @@ _ROUTERS: dict[str, tuple[RouterFactory, str]] = {
     ),
     "least-loaded": (_least_loaded, "fewest requests held, then lowest KV usage (weight 0.25)"),
     "jsq-tokens": (_jsq_tokens, "join the shortest queue by prompt tokens still to prefill"),
-    "power-of-two": (_power_of_two, "the less loaded of two sampled replicas, seeded"),
+    "power-of-two": (
+        _power_of_two,
+        "the less loaded of two sampled replicas (KV usage breaks near-ties), seeded",
+    ),
     "least-kv": (_least_kv, "lowest KV cache usage"),
     "slo-aware": (_slo_aware, "lowest predicted TTFT among those meeting the TTFT target"),
 }

@@ -7,15 +7,17 @@ object works on both clocks:
 - the simulated cluster's live views (``cluster/replica.py``), which read the replica's
   queues when asked, so that nothing is computed for a replica no router looks at (the
   predicted TTFT in particular is priced only when a router calls for it);
-- :class:`StaticReplica`, a frozen snapshot: hand-built views in tests, and what the
-  gateway will build from its scraped ``serve.backend.ReplicaState`` when it moves onto
-  this layer (``predicted_ttft_s`` then returns the backend's estimate, if any).
+- :class:`StaticReplica`, a frozen snapshot for hand-built views in tests; the gateway's
+  ``openai`` backend builds its own snapshots from what it scrapes and observes of each
+  upstream (``serve/replica_view.py``), and its ``emulated`` backend runs a
+  :class:`~sloserve.cluster.cluster.Cluster` in wall time, so it uses the live views.
 
-Choices: a replica's ``status`` already includes the room a later milestone needs for
-model loading (:attr:`ReplicaStatus.LOADING`); only :attr:`ReplicaStatus.UP` replicas
-accept requests. ``outstanding`` counts what the replica holds (waiting + running +
-swapped) — in the gateway, the requests sent there and not yet ended. A request whose
-model is ``"default"`` (the workload named none) may be served by any replica.
+Choices: a replica loading a model is :attr:`ReplicaStatus.LOADING`; only
+:attr:`ReplicaStatus.UP` replicas accept requests. ``outstanding`` counts what the replica
+holds (waiting + running + swapped); a gateway fills it with the larger of its own
+in-flight count and the engine's scraped running + waiting (its count is fresh, the
+engine's includes other clients). A request whose model is ``"default"`` (the workload
+named none) may be served by any replica.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ class ReplicaStatus(str, enum.Enum):
     JOINING = "joining"
     """Configured, not yet started (before its ``start_s``)."""
     LOADING = "loading"
-    """Started, loading a model (reserved for the model-swap milestone)."""
+    """Started, loading a model (a cold start or a model change): serves nothing."""
     UP = "up"
     """Serving: the only state that accepts requests."""
+    BUSY = "busy"
+    """Up but takes nothing right now (a gateway's per-upstream concurrency limit is
+    reached, or this request already failed there): it waits in the gateway's queue."""
     DRAINING = "draining"
     """Finishing what it holds, accepting nothing; leaves when empty."""
     FAILED = "failed"
@@ -68,6 +73,16 @@ class ReplicaView(Protocol):
     def replica_id(self) -> int: ...
     @property
     def name(self) -> str: ...
+    @property
+    def group(self) -> int:
+        """The replica group it belongs to."""
+        ...
+
+    @property
+    def capacity(self) -> int:
+        """Requests it can run at once (R_max)."""
+        ...
+
     @property
     def model(self) -> str: ...
     @property
@@ -111,6 +126,8 @@ class StaticReplica:
     ttft_s: float | None = None
     """The fixed TTFT estimate :meth:`predicted_ttft_s` returns."""
     name: str = ""
+    group: int = 0
+    capacity: int = 256
 
     def predicted_ttft_s(self, req: RouteRequest) -> float | None:
         return self.ttft_s
@@ -146,6 +163,29 @@ class ClusterView:
         if found is not None:
             return found
         return list(self._by_id.values()) if model == "default" else ()
+
+    def replicas(self) -> list[ReplicaView]:
+        """Every replica, by id."""
+        return list(self._by_id.values())
+
+    def add(self, r: ReplicaView) -> None:
+        """A replica joined the cluster (a controller added it)."""
+        if r.replica_id in self._by_id:
+            raise ValueError(f"replica id {r.replica_id} appears twice in the view")
+        self._by_id[r.replica_id] = r
+        self._by_model.setdefault(r.model, []).append(r)
+
+    def moved(self, replica_id: int, old_model: str) -> None:
+        """Replica ``replica_id`` now serves another model (it was serving ``old_model``)."""
+        r = self._by_id[replica_id]
+        old = self._by_model.get(old_model, [])
+        if r in old:
+            old.remove(r)
+        if not old:
+            self._by_model.pop(old_model, None)
+        new = self._by_model.setdefault(r.model, [])
+        new.append(r)
+        new.sort(key=lambda v: v.replica_id)
 
     def models(self) -> list[str]:
         return sorted(self._by_model)

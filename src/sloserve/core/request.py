@@ -42,10 +42,26 @@ class RequestStatus(enum.IntEnum):
 
 
 class RequestClass(str, enum.Enum):
-    """Real-time (latency SLOs) or best-effort (throughput only), as BROS distinguishes."""
+    """A request's service class.
+
+    ``rt``/``be``: real-time (latency SLOs) or best-effort (throughput only), as BROS
+    distinguishes. ``critical``/``standard``/``sheddable``/``batch``: the cluster's
+    criticality classes (the Gateway API Inference Extension's, plus batch): each carries
+    its own SLO targets and priority (``workload.slo``), and admission's ``shed`` may
+    reject only :attr:`sheddable` classes. BROS treats every class but ``be`` as real-time.
+    """
 
     RT = "rt"
     BE = "be"
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+    BATCH = "batch"
+
+    @property
+    def sheddable(self) -> bool:
+        """Admission may reject it under overload (``sheddable``, ``batch``, ``be``)."""
+        return self in (RequestClass.SHEDDABLE, RequestClass.BATCH, RequestClass.BE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,3 +112,39 @@ def load_times(
 ) -> dict[str, float]:
     """:func:`model_load_time` for every tier, by tier name."""
     return {t: model_load_time(target, t, gpu, tp, **kwargs) for t in TIERS}
+
+
+def weights_load_time(
+    weight_bytes: float,
+    tier: str,
+    *,
+    tp: int = 1,
+    disk_gb_per_s: float = DEFAULT_DISK_GB_PER_S,
+    pcie_gb_per_s: float,
+    init_s: float = 0.0,
+) -> float:
+    """:func:`model_load_time` for a checkpoint of ``weight_bytes`` bytes (a model registry
+    may override a model's size): ``gpu`` costs ``init_s``, ``cpu`` the PCIe copy of each
+    of the ``tp`` shards, ``disk`` the read of the whole checkpoint plus that copy."""
+    if tier not in TIERS:
+        raise UnknownNameError(f"unknown tier {tier!r}; valid: {', '.join(TIERS)}")
+    if disk_gb_per_s <= 0 or pcie_gb_per_s <= 0:
+        raise ValueError("bandwidths must be > 0")
+    if tier == "gpu":
+        return init_s
+    to_gpu = weight_bytes / (pcie_gb_per_s * 1e9 * tp)
+    if tier == "cpu":
+        return init_s + to_gpu
+    return init_s + weight_bytes / (disk_gb_per_s * 1e9) + to_gpu
+
+
+def kv_transfer_time(
+    num_tokens: int, kv_bytes_per_token: float, *, link_gb_per_s: float, latency_s: float = 0.0
+) -> float:
+    """Seconds to move ``num_tokens`` tokens of KV from one replica to another over a link
+    of ``link_gb_per_s`` GB/s (disaggregated prefill/decode): ``latency + bytes / rate``."""
+    if link_gb_per_s <= 0:
+        raise ValueError("link_gb_per_s must be > 0")
+    if num_tokens <= 0:
+        return 0.0
+    return latency_s + num_tokens * kv_bytes_per_token / (link_gb_per_s * 1e9)

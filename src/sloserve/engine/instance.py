@@ -6,11 +6,10 @@ KV allocation), the executor prices the batch with the cost model, and when the 
 ends the instance emits tokens and finishes requests. Timing: a request is admitted and its
 KV allocated when its iteration starts; its tokens are delivered when the iteration ends.
 
-Fast path: when the policy marks a decode-only batch ``repeatable``, the instance advances
-up to the next event (an arrival, a request finishing, a KV block it could not allocate) in
-one step, pricing all those iterations with one vectorised cost-model call. The result is
-the same as stepping one iteration at a time; ``multi_step=False`` turns the fast path off
-(tests compare the two).
+Beside this file: :mod:`~sloserve.engine.checks` validates each policy output before
+anything changes, and :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch up
+to the next event in one step (the same result as stepping; ``multi_step=False`` turns it
+off, tests compare the two).
 """
 
 from __future__ import annotations
@@ -22,13 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from numpy.typing import NDArray
 
 from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
+from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
     Limits,
@@ -37,18 +37,8 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.engine.kv import KVCacheManager, KVOp, PagedKVManager
+from sloserve.engine.kv import KVCacheManager, PagedKVManager
 from sloserve.metrics.summary import token_times
-
-_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
-_MAX_FAST_STEPS = 1 << 14
-
-
-def _accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64]:
-    """End times of back-to-back iterations, added one by one exactly as single steps
-    would (``now + d0``, then ``+ d1``...), so that the fast path never reorders an
-    iteration end and an event that fall at the same instant."""
-    return np.cumsum(np.concatenate(([now], durations)))[1:]
 
 
 def _arrival_key(r: Request) -> tuple[float, int]:
@@ -71,21 +61,15 @@ class InstanceTrace:
 
 
 @dataclass
-class _Run:
-    """A repeatable batch the fast path will advance ``k`` iterations at once."""
-
-    k: int
-    stats: BatchStats
-    work_step: int
-    decode_ids: list[int]
-    prefills: list[tuple[Request, int]]
-
-
-@dataclass
 class _Pending:
     batch: tuple[ScheduledRequest, ...]
     ends: list[float]
     fast: bool
+    event: int = 0
+    """The id of its completion event."""
+    busy_before: float = 0.0
+    """The instance's busy time before this run: a cut run's busy time is recomputed from
+    it, so that it is the very float a run planned to stop there would have given."""
 
 
 class Instance:
@@ -148,6 +132,10 @@ class Instance:
             iter_end=self.iter_end,
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
+        self.next_event: Callable[[], float] = env.peek
+        """When the next event that can change this instance may happen: the fast path
+        stops in the iteration during which it falls. Every pending event by default; a
+        cluster narrows it to the events that can reach this replica."""
 
     # ------------------------------------------------------------------ arrivals
     @property
@@ -217,163 +205,51 @@ class Instance:
         pending = self._apply(out, now)
         self._pending = pending
         self._busy = True
-        env.schedule(pending.ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION)
+        pending.event = env.schedule(
+            pending.ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION
+        )
+
+    def interrupt(self) -> None:
+        """Cut a fast-forwarded run in flight after the iteration in progress now (one
+        that ends now included: it ends before an iteration event now sees anything), as if
+        the run had been planned to stop at this instant: what the cut iterations grew
+        in the KV cache is given back and the run's end moves earlier. Called before a
+        request reaches the instance mid-run; needs ``kv.can_shrink``."""
+        pending = self._pending
+        if pending is None or not pending.fast:
+            return
+        ends = pending.ends
+        keep = bisect.bisect_left(ends, self.env.now) + 1
+        cut = len(ends) - keep
+        if cut <= 0:
+            return
+        kv = self.kv
+        for r, n in pending.batch:  # not retired yet: the counters are the run's start
+            decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+            kv.shrink(r.req_id, cut if decode else cut * n)
+        start = self.trace.time[-1]
+        self.busy_time = pending.busy_before + (ends[keep - 1] - start)
+        self.trace.steps[-1] = keep
+        self.trace.duration[-1] = ends[keep - 1] - start
+        self.env.cancel(pending.event)
+        short = _Pending(pending.batch, ends[:keep], True, busy_before=pending.busy_before)
+        self._pending = short
+        short.event = self.env.schedule(
+            short.ends[-1], functools.partial(self._complete, short), PRIO_ITERATION
+        )
 
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
         return SchedulerViolation(self.scheduler.name, limit, detail)
-
-    def _check_evictions(self, out: SchedulerOutput) -> tuple[set[int], set[int]]:
-        """Validate ``preempt`` and ``swap_in``; returns their request ids."""
-        me = self.instance_id
-        preempted: set[int] = set()
-        for r, _mode in out.preempt:
-            if r.status is not RequestStatus.RUNNING or r.instance_id != me:
-                raise self._violation(
-                    "preempt", f"request {r.req_id} is {r.status.name}, not RUNNING here"
-                )
-            if r.req_id in preempted:
-                raise self._violation("preempt", f"request {r.req_id} preempted twice")
-            preempted.add(r.req_id)
-        swapping: set[int] = set()
-        for r in out.swap_in:
-            if r.status is not RequestStatus.PREEMPTED_SWAPPED or r.instance_id != me:
-                raise self._violation(
-                    "swap_in", f"request {r.req_id} is {r.status.name}, not swapped here"
-                )
-            if r.req_id in swapping:
-                raise self._violation("swap_in", f"request {r.req_id} swapped in twice")
-            swapping.add(r.req_id)
-        return preempted, swapping
-
-    def _check_batch(
-        self, out: SchedulerOutput, preempted: set[int], swapping: set[int]
-    ) -> tuple[int, int, int]:
-        """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
-
-        Runs before anything is mutated, so a violation leaves the instance untouched.
-        """
-        lim = self.limits
-        me = self.instance_id
-        RUNNING = RequestStatus.RUNNING
-        seen: set[int] = set()
-        tokens = prefill = admitted = 0
-        for r, n in out.batch:
-            rid = r.req_id
-            if rid in seen:
-                raise self._violation("batch", f"request {rid} appears twice")
-            seen.add(rid)
-            st = r.status
-            if r.instance_id != me:
-                raise self._violation("batch", f"request {rid} belongs to another instance")
-            if st is RUNNING:
-                if rid in preempted:
-                    raise self._violation("batch", f"request {rid} is both preempted and scheduled")
-            elif st in _QUEUED:
-                admitted += 1
-            elif st is RequestStatus.PREEMPTED_SWAPPED:
-                if rid not in swapping:
-                    raise self._violation(
-                        "batch", f"request {rid} is swapped out and not swapped in"
-                    )
-            else:
-                raise self._violation("batch", f"request {rid} is {st.name}")
-            n_out = r.num_output_tokens
-            remaining = r.num_prompt_tokens + n_out - r.num_computed_tokens
-            if n < 1 or n > remaining:
-                raise self._violation(
-                    "batch", f"request {rid} given {n} tokens, must be 1..{remaining}"
-                )
-            tokens += n
-            if n_out == 0 or remaining > 1:
-                prefill += n
-        if tokens > lim.max_batch_tokens:
-            raise self._violation(
-                "C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}"
-            )
-        if prefill > lim.max_prefill_tokens:
-            raise self._violation(
-                "P (max prefill tokens)", f"{prefill} prefill tokens > P={lim.max_prefill_tokens}"
-            )
-        running_after = len(self.running) - len(preempted) + len(swapping) + admitted
-        if running_after > lim.max_running:
-            raise self._violation(
-                "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
-            )
-        self._check_memory(out, swapping)
-        return tokens, prefill, admitted
-
-    def _check_memory(self, out: SchedulerOutput, swapping: set[int]) -> None:
-        """M and the CPU tier: everything the output allocates must fit, before any change."""
-        kv = self.kv
-        if kv.exact_fit:
-            # Order-exact, CPU tier included (a block count would misjudge shared blocks,
-            # and BROS's CPU tier holds slots, not whole blocks).
-            err = kv.dry_run(self._kv_ops(out))
-            if err is not None:
-                limit = "CPU swap capacity" if "CPU" in err else "M (KV capacity)"
-                raise self._violation(limit, f"the batch does not fit: {err}")
-            return
-        bs = self.limits.block_size
-        freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
-        to_cpu = sum(
-            kv.num_request_blocks(r.req_id) for r, m in out.preempt if m is PreemptionMode.SWAP
-        )
-        cpu = getattr(kv, "cpu", None)
-        if to_cpu and (cpu is None or to_cpu > cpu.free_blocks):
-            raise self._violation(
-                "CPU swap capacity",
-                f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
-            )
-        decode_ids: list[int] = []
-        need = 0
-        scheduled_swaps: set[int] = set()
-        for r, n in out.batch:
-            rid = r.req_id
-            if rid in swapping:
-                scheduled_swaps.add(rid)
-                need += -(-(r.num_computed_tokens + n) // bs)
-            elif n == 1 and r.num_output_tokens and r.remaining_compute == 1:
-                decode_ids.append(rid)
-            else:
-                need += kv.blocks_needed(rid, n)
-        need += kv.decode_blocks_needed(decode_ids)
-        need += sum(
-            kv.swap_in_blocks_needed(r.req_id)
-            for r in out.swap_in
-            if r.req_id not in scheduled_swaps
-        )
-        free = kv.num_free_blocks + freed
-        if need > free:
-            raise self._violation(
-                "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"
-            )
-
-    @staticmethod
-    def _kv_ops(out: SchedulerOutput) -> list[KVOp]:
-        """The KV operations of ``out`` in the order :meth:`_apply` performs them."""
-        ops: list[KVOp] = [
-            ("swap_out" if m is PreemptionMode.SWAP else "free", r.req_id, 0)
-            for r, m in out.preempt
-        ]
-        ops.extend(("swap_in", r.req_id, 0) for r in out.swap_in)
-        decodes: list[KVOp] = []
-        for r, n in out.batch:
-            if r.num_output_tokens and r.remaining_compute == 1:
-                decodes.append(("grow", r.req_id, 1))
-            else:
-                ops.append(("grow", r.req_id, n))
-        ops.extend(decodes)
-        return ops
 
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
         # moves KV itself (restores), which only a single step prices.
         if out.repeatable and not out.preempt and not out.swap_in and not self.kv.exact_fit:
-            run = self._repeat_steps(out, now)
+            run = plan_run(self, out, now)
             if run is not None:
-                return self._apply_repeated(out, now, run)
-        preempted, swapping = self._check_evictions(out)
-        tokens, prefill, _admitted = self._check_batch(out, preempted, swapping)
+                return apply_run(self, out, now, run)
+        preempted, swapping = check_evictions(self, out)
+        tokens, prefill, _admitted = check_batch(self, out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
         for r, mode in out.preempt:
@@ -475,98 +351,11 @@ class Instance:
         tr.batch_tokens.append(tokens)
         tr.steps.append(len(ends))
         tr.duration.append(ends[-1] - now)
+        busy_before = self.busy_time
         self.busy_time += ends[-1] - now
         if self.debug_checks:
             kv.check_invariants()
-        return _Pending(batch, ends, fast)
-
-    def _repeat_steps(self, out: SchedulerOutput, now: float) -> _Run | None:
-        """How many identical iterations a repeatable batch may run; None: step normally."""
-        me = self.instance_id
-        RUNNING = RequestStatus.RUNNING
-        decode_ids: list[int] = []
-        prefills: list[tuple[Request, int]] = []
-        ctx = 0
-        k = _MAX_FAST_STEPS if self.multi_step else 1
-        pf_tokens = work = work_step = 0
-        for r, n in out.batch:
-            n_out = r.num_output_tokens
-            computed = r.num_computed_tokens
-            remaining = r.num_prompt_tokens + n_out - computed
-            if r.status is not RUNNING or r.instance_id != me:
-                raise self._violation("repeatable", f"request {r.req_id} is not running here")
-            if n_out and remaining == 1 and n == 1:
-                decode_ids.append(r.req_id)
-                ctx += computed
-                left = r.true_output_len - n_out
-            elif 1 <= n < remaining:
-                prefills.append((r, n))
-                pf_tokens += n
-                work += n * (n + computed)
-                work_step += n * n
-                left = (remaining - 1) // n  # iterations before its final chunk
-            else:
-                raise self._violation(
-                    "repeatable",
-                    f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
-                )
-            if left < k:
-                k = left
-        if k <= 1:
-            return None
-        stats = BatchStats(
-            num_prefill_tokens=pf_tokens,
-            num_prefill_seqs=len(prefills),
-            prefill_attn_work=work,
-            num_decode=len(decode_ids),
-            decode_context_sum=ctx,
-        )
-        t_next = self.env.peek()
-        if t_next != math.inf:
-            ends = _accumulate(now, self.cost_model.run_times(stats, k, work_step))
-            # The iteration during which the next event happens is the last one we run.
-            k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
-            if k <= 1:
-                return None
-        kv = self.kv
-        reserve = out.repeat_reserve_blocks
-        k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
-        while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
-            k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
-        if k <= 1:
-            return None
-        return _Run(k, stats, work_step, decode_ids, prefills)
-
-    def _apply_repeated(self, out: SchedulerOutput, now: float, run: _Run) -> _Pending:
-        """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
-        stats = run.stats
-        if len(out.batch) != len({r.req_id for r, _n in out.batch}):
-            raise self._violation("batch", "a request appears twice")
-        lim = self.limits
-        if stats.total_tokens > lim.max_batch_tokens:
-            raise self._violation(
-                "C (max batch tokens)", f"{stats.total_tokens} tokens > C={lim.max_batch_tokens}"
-            )
-        if stats.num_prefill_tokens > lim.max_prefill_tokens:
-            raise self._violation(
-                "P (max prefill tokens)",
-                f"{stats.num_prefill_tokens} prefill tokens > P={lim.max_prefill_tokens}",
-            )
-        kv = self.kv
-        k = run.k
-        kv_before = kv.num_used_blocks
-        ok = kv.grow_many(run.decode_ids, k)
-        for r, n in run.prefills:
-            ok = ok and kv.allocate(r.req_id, k * n) is not None
-        if not ok:  # _repeat_steps checked this; a failure here is an engine bug
-            raise self._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
-        durs = self.cost_model.run_times(stats, k, run.work_step)
-        if not durs[0] > 0:
-            raise self._violation(
-                "batch", f"cost model {self.cost_model.name!r} priced the batch at {durs[0]}s"
-            )
-        ends = _accumulate(now, durs).tolist()
-        return self._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)
+        return _Pending(batch, ends, fast, busy_before=busy_before)
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight

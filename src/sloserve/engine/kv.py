@@ -59,6 +59,15 @@ class KVCacheManager(ABC):
         None, or what fails. Required when :attr:`exact_fit` is True."""
         raise NotImplementedError(f"{type(self).__name__} has no dry run")
 
+    can_shrink: bool = False
+    """True when :meth:`shrink` is supported (the engine can then cut a fast-forwarded
+    run short when a request reaches the instance mid-run)."""
+
+    def shrink(self, req_id: int, n_tokens: int) -> None:
+        """Give back the last ``n_tokens`` a request grew by (and the blocks they alone
+        used). Required when :attr:`can_shrink` is True."""
+        raise NotImplementedError(f"{type(self).__name__} cannot shrink")
+
     def note_class(self, req_id: int, req_class: RequestClass) -> None:  # noqa: B027
         """The instance tells the manager each arriving request's class (BROS's blocks
         place RT and BE requests on opposite sides); ignored by default."""
@@ -235,6 +244,20 @@ class PagedKVManager(KVCacheManager):
         self._free.extend(table)
         return len(table)
 
+    can_shrink = True
+
+    def shrink(self, req_id: int, n_tokens: int) -> None:
+        tokens = self._tokens[req_id] - n_tokens
+        if tokens < 0:
+            raise KVInvariantError(f"request {req_id}: cannot shrink by {n_tokens} tokens")
+        table = self._tables[req_id]
+        extra = len(table) - -(-tokens // self.block_size)
+        if extra > 0:
+            # Back on the free list in the order they were taken from it.
+            self._free.extend(reversed(table[-extra:]))
+            del table[-extra:]
+        self._tokens[req_id] = tokens
+
     def decode_blocks_needed(self, req_ids: Sequence[int]) -> int:
         # A request needs a new block exactly when its last block is full.
         bs = self.block_size
@@ -245,13 +268,16 @@ class PagedKVManager(KVCacheManager):
         bs = self.block_size
         tables = self._tables
         tokens = self._tokens
-        need = 0
-        for r in req_ids:
-            t = tokens[r] + n_new_tokens
-            need += -(-t // bs) - len(tables[r])
         free = self._free
-        if need > len(free):
-            return False
+        # Each request needs at most ceil(n / bs) + 1 blocks: count only when that might
+        # not fit (the count is a second pass over the requests).
+        if len(free) < len(req_ids) * (n_new_tokens // bs + 1):
+            need = 0
+            for r in req_ids:
+                t = tokens[r] + n_new_tokens
+                need += -(-t // bs) - len(tables[r])
+            if need > len(free):
+                return False
         for r in req_ids:
             t = tokens[r] + n_new_tokens
             tokens[r] = t

@@ -31,11 +31,13 @@ import pandas as pd
 
 from sloserve.cluster.cluster import Cluster
 from sloserve.cluster.config import ClusterConfig
+from sloserve.cluster.controller import UtilisationAutoscaler
+from sloserve.cluster.models import ModelRegistry, model_name_of
 from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
-from sloserve.costmodel.profile import load_profile
+from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.experiments.runner import (
@@ -58,6 +60,11 @@ class ClusterRunResult(RunResult):
     cluster: Cluster | None = field(default=None, repr=False)
     iter_ends: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
     """Iteration end times of every instance (incarnation), by instance id."""
+    decisions: pd.DataFrame | None = field(default=None, repr=False)
+    """Every routing decision (``cluster.trace_decisions``), one row per attempt: the
+    request, time, ``considered`` (accepting replicas), ``candidates`` (after the filters),
+    ``score_<scorer>`` (normalised, per candidate), ``total``, ``pick`` (-1: held),
+    ``hold`` (the reason), ``queue_s`` (time in the global queue so far)."""
 
     def timeline(self, req_id: int) -> pd.DataFrame:
         req = next((r for r in self.requests if r.req_id == req_id), None)
@@ -71,7 +78,9 @@ class ClusterRunResult(RunResult):
             self.iter_end = saved
 
 
-def _group_configs(cfg: SimConfig, ccfg: ClusterConfig) -> list[SimConfig]:
+def group_configs(cfg: SimConfig, ccfg: ClusterConfig) -> list[SimConfig]:
+    """Each replica group's SimConfig: the run's, with the group's overrides (the live
+    gateway's emulated cluster builds its replicas from these too)."""
     out: list[SimConfig] = []
     for gi, g in enumerate(ccfg.replicas):
         over = g.instance_overrides()
@@ -92,6 +101,23 @@ def _group_configs(cfg: SimConfig, ccfg: ClusterConfig) -> list[SimConfig]:
     return out
 
 
+class _Loader:
+    """The cluster's :class:`~sloserve.cluster.cluster.ModelLoader` over the registry."""
+
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    def load_time(self, spec: ReplicaSpec, model: str, tier: str) -> float:
+        return self.registry.load_time(model, load_profile(spec.profile), tier)
+
+    def respec(self, spec: ReplicaSpec, model: str) -> ReplicaSpec:
+        profile = self.registry.profile_for(model, load_profile(spec.profile))
+        return dataclasses.replace(spec, model=model, profile=profile)
+
+    def tier(self, model: str) -> str:
+        return self.registry.get(model).tier
+
+
 def _common(values: Sequence[Any]) -> Any:
     return values[0] if all(v == values[0] for v in values) else None
 
@@ -107,7 +133,7 @@ def simulate_cluster(
     t0 = time.perf_counter()
     ccfg = cluster or ClusterConfig()
     ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
-    gcfgs = _group_configs(cfg, ccfg)
+    gcfgs = group_configs(cfg, ccfg)
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
@@ -116,12 +142,34 @@ def simulate_cluster(
         workload = workload_of(cfg)
     reqs = fresh(workload.requests)
     groups = ccfg.group_of()
+    profiles: dict[int, ReplicaProfile] = {}
     specs = []
     for rid, gi in enumerate(groups):
         g, gcfg = ccfg.replicas[gi], gcfgs[gi]
-        model = g.model or load_profile(gcfg.instance.profile).model.name
-        specs.append(ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s))
-    served = {s.model for s in specs}
+        if gi not in profiles:  # one YAML read per group, not per replica
+            profiles[gi] = load_profile(gcfg.instance.profile)
+        model = g.model or model_name_of(profiles[gi])
+        specs.append(
+            ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s, g.role)
+        )
+    first_profile: dict[str, str] = {}
+    for s in specs:
+        first_profile.setdefault(s.model, s.profile)
+    registry = ModelRegistry(ccfg.models, first_profile, ccfg.transfer)
+    for i, sw in enumerate(ccfg.model_swaps):
+        try:
+            registry.get(sw.model)
+        except ConfigError as e:
+            raise ConfigError(f"cluster.model_swaps.{i}.model: {e}") from None
+    served = {s.model for s in specs} | {sw.model for sw in ccfg.model_swaps}
+    if cfg.workload.models is not None:
+        for m in cfg.workload.models:
+            if m not in served and m not in ccfg.models:
+                raise ConfigError(
+                    f"workload.models: model {m!r} is served by no replica "
+                    f"(replica models: {', '.join(sorted(served))})"
+                )
+    served |= set(ccfg.models)
     unserved = sorted({r.model for r in reqs} - served - {"default"})
     if unserved:
         raise ConfigError(
@@ -131,18 +179,42 @@ def simulate_cluster(
     env = Environment()
 
     def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
+        gcfg = gcfgs[spec.group]
+        if spec.profile != gcfg.instance.profile:  # it changed model: another profile
+            icfg = gcfg.instance.model_copy(update={"profile": spec.profile})
+            gcfg = gcfg.model_copy(update={"instance": icfg})
+            return build_instance(
+                gcfg, env, check_invariants=check_invariants, instance_id=instance_id
+            )
         return build_instance(
-            gcfgs[spec.group], env, check_invariants=check_invariants, instance_id=instance_id
+            gcfg,
+            env,
+            check_invariants=check_invariants,
+            instance_id=instance_id,
+            profile=profiles[spec.group],
         )
 
     rparams = dict(ccfg.router_params)
     seed = int(rparams.pop("seed", cfg.workload.seed))
     router = make_router(ccfg.router, rparams, seed=seed)
-    clu = Cluster(env, specs, make_instance, router)
+    clu = Cluster(
+        env,
+        specs,
+        make_instance,
+        router,
+        loader=_Loader(registry),
+        cold_start=ccfg.cold_start,
+        admission=ccfg.admission.build(),
+        controller=UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None,
+        trace_decisions=ccfg.trace_decisions,
+        servable=served,
+    )
     for f in ccfg.failures:
         clu.schedule_failure(f.replica, f.at_s, f.recover_s)
     for d in ccfg.drains:
         clu.schedule_drain(d.replica, d.at_s)
+    for sw in ccfg.model_swaps:
+        clu.schedule_model_swap(sw.replica, sw.at_s, sw.model)
     feeder = _BatchFeeder(cfg, workload.batch_jobs, env, clu, reqs) if workload.batch_jobs else None
     feed: Iterator[Request] = iter(reqs)
 
@@ -155,6 +227,9 @@ def simulate_cluster(
     first = next(feed, None)
     if first is not None:
         env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
+    total = len(reqs)
+    clu.pending_arrivals = lambda: clu.submitted < total
+    clu.start_controller()
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
     if horizon != math.inf:
         env.schedule(horizon, lambda: None, PRIO_CONTROL)
@@ -245,6 +320,15 @@ def _result(
         }
         for rep, g in zip(clu.replicas, gpu, strict=True)
     ]
+    summary["rejected_by_reason"] = dict(
+        sorted(Counter(r.reject_reason for r in reqs if r.reject_reason).items())
+    )
+    summary["admission"] = ccfg.admission.kind
+    summary["model_loads"] = [
+        {"replica": rep.replica_id, "start_s": a, "end_s": b, "model": m, "tier": t}
+        for rep in clu.replicas
+        for a, b, m, t in rep.loads
+    ]
     summary["holds"] = dict(sorted(clu.holds.items()))
     summary["aborted_by_reason"] = dict(sorted(Counter(clu.abort_reasons.values()).items()))
     summary["failovers"] = int(sum(r.num_failovers for r in reqs))
@@ -256,5 +340,27 @@ def _result(
     summary["wall_seconds"] = time.perf_counter() - t0
     iter_end = iter_ends.get(0, np.empty(0))
     return ClusterRunResult(
-        cfg, reqs, table, summary, trace, iter_end, cluster=clu, iter_ends=iter_ends
+        cfg,
+        reqs,
+        table,
+        summary,
+        trace,
+        iter_end,
+        cluster=clu,
+        iter_ends=iter_ends,
+        decisions=None if clu.decisions is None else decisions_table(clu.decisions),
     )
+
+
+def decisions_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The routing records as a table: one ``score_<scorer>`` list column per scorer."""
+    names = sorted({n for r in rows for n in r["scores"]})
+    flat = []
+    for r in rows:
+        row = {k: v for k, v in r.items() if k != "scores"}
+        for n in names:
+            row[f"score_{n}"] = r["scores"].get(n, [])
+        flat.append(row)
+    cols = ["req_id", "time", "model", "class", "priority", "considered", "candidates"]
+    cols += [f"score_{n}" for n in names] + ["total", "pick", "hold", "queue_s"]
+    return pd.DataFrame(flat, columns=cols)

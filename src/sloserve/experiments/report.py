@@ -87,6 +87,17 @@ def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bo
         traces.append(tr)
     pd.concat(tables, ignore_index=True).to_parquet(out_dir / "requests.parquet", index=False)
     pd.concat(traces, ignore_index=True).to_parquet(out_dir / "trace.parquet", index=False)
+    decisions = []
+    for name, r in results.items():
+        d = getattr(r, "decisions", None)  # cluster runs with trace_decisions
+        if d is not None:
+            d = d.copy()
+            d.insert(0, "policy", name)
+            decisions.append(d)
+    if decisions:
+        pd.concat(decisions, ignore_index=True).to_parquet(
+            out_dir / "decisions.parquet", index=False
+        )
     (out_dir / "summary.json").write_text(
         json.dumps(jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
     )

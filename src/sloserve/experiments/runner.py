@@ -148,11 +148,20 @@ def fresh(requests: Sequence[Request]) -> list[Request]:
 
 
 def build_instance(
-    cfg: SimConfig, env: Environment, *, check_invariants: bool = False, instance_id: int = 0
+    cfg: SimConfig,
+    env: Environment,
+    *,
+    check_invariants: bool = False,
+    instance_id: int = 0,
+    profile: ReplicaProfile | None = None,
 ) -> Instance:
-    """The replica of ``cfg``: profile, limits, policy and predictor wired together."""
+    """The replica of ``cfg``: profile, limits, policy and predictor wired together.
+
+    ``profile`` is ``cfg.instance.profile`` already loaded (a cluster builds many
+    instances of one profile: reading its YAML once is enough)."""
     icfg = cfg.instance
-    profile = load_profile(icfg.profile)
+    if profile is None:
+        profile = load_profile(icfg.profile)
     policy = make_policy(cfg.policy, cfg.policy_params)
     m_tokens = icfg.kv_capacity_tokens or profile.kv_capacity_tokens(icfg.kv_utilization)
     bs = icfg.block_size

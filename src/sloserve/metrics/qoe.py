@@ -39,6 +39,36 @@ def consumption_times(
     return np.maximum.accumulate(x) + steps
 
 
+def delivered_qoe(
+    arrival: float,
+    token_times: NDArray[np.float64],
+    ttft_target: float,
+    tokens_per_s: float,
+) -> float:
+    """:func:`andes_qoe` of a request whose every token was delivered, its token times
+    non-decreasing (read from an iteration log), with the same arithmetic and result:
+    it only skips the in-flight branch and the order check, and shares ``(i-1)/s``
+    between the consumption and the ideal timelines."""
+    if not tokens_per_s > 0:
+        raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
+    if not ttft_target >= 0:
+        raise ValueError(f"ttft_target must be >= 0, got {ttft_target}")
+    n = token_times.size
+    if n == 0:
+        return 1.0
+    st = np.arange(n, dtype=np.float64) / tokens_per_s
+    x = token_times - st
+    t1 = arrival + ttft_target
+    x[0] = max(x[0], t1)
+    a = np.maximum.accumulate(x) + st
+    ideal = t1 + st
+    s_whole = float((a[-1] - ideal).sum())
+    if s_whole <= 0:
+        return 1.0
+    s_delay = float((a - ideal).sum())
+    return min(1.0, max(0.0, 1.0 - s_delay / s_whole))
+
+
 def andes_qoe(
     arrival: float,
     token_times: Sequence[float] | NDArray[np.float64],

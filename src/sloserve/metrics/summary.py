@@ -24,7 +24,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
-from sloserve.metrics.qoe import andes_qoe
+from sloserve.metrics.qoe import andes_qoe, delivered_qoe
 
 _PCTS = (50, 90, 99)
 
@@ -50,85 +50,224 @@ def _served_times(runs: list[int], iter_end: NDArray[np.float64]) -> NDArray[np.
     return np.concatenate([iter_end[runs[i] : runs[i + 1] + 1] for i in range(0, len(runs), 2)])
 
 
+COLUMNS = (
+    "req_id",
+    "instance",
+    "class",
+    "priority",
+    "model",
+    "status",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "generated_tokens",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "atgt_s",
+    "max_gap_s",
+    "e2e_s",
+    "normalized_latency_s",
+    "finish_s",
+    "qoe",
+    "preemptions",
+    "swaps",
+    "slo_ttft_s",
+    "slo_tpot_s",
+    "slo_deadline_s",
+    "qoe_ttft_s",
+    "qoe_tokens_per_s",
+    "ttft_ok",
+    "tpot_ok",
+    "deadline_ok",
+    "slo_ok",
+    "reject_reason",
+)
+"""The columns of :func:`request_table`, in order."""
+
+
+def _joined_logs(
+    iter_ends: Mapping[int, NDArray[np.float64]],
+) -> tuple[NDArray[np.float64], dict[int, int]]:
+    """Every instance's iteration log end to end, and where each instance's log starts."""
+    logs = [np.asarray(e, dtype=np.float64) for e in iter_ends.values()]
+    offset: dict[int, int] = {}
+    pos = 0
+    for i, e in zip(iter_ends, logs, strict=True):
+        offset[i] = pos
+        pos += e.size
+    return (np.concatenate(logs) if logs else np.empty(0)), offset
+
+
+def _timelines(
+    requests: Sequence[Request], log: NDArray[np.float64], offset: Mapping[int, int]
+) -> tuple[NDArray[np.float64], list[int], list[int], list[float], list[float], list[float]]:
+    """Token times of every request served on one replica (no failover), all at once.
+
+    Returns the concatenated token times, each request's start in them and token count
+    (0 for requests this does not cover: no token, or a failover's client timeline), and
+    per request its TTFT, TPOT and longest gap (NaN when undefined). The same numbers as
+    :func:`token_times` per request: the same log entries, differences and divisions.
+    """
+    nan = float("nan")
+    m = len(requests)
+    flat: list[int] = []
+    nruns: list[int] = []
+    offs: list[int] = []
+    who: list[int] = []
+    for k, r in enumerate(requests):
+        runs = r.token_runs
+        if runs and not r.streamed_times:
+            flat.extend(runs)
+            nruns.append(len(runs) // 2)
+            offs.append(offset[r.instance_id])
+            who.append(k)
+    starts = [0] * m
+    counts = [0] * m
+    ttft = [nan] * m
+    tpot = [nan] * m
+    gap = [nan] * m
+    if not who:
+        return np.empty(0), starts, counts, ttft, tpot, gap
+    ab = (
+        np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+        + np.repeat(np.asarray(offs, dtype=np.int64), nruns)[:, None]
+    )
+    lens = ab[:, 1] - ab[:, 0] + 1
+    run_pos = np.cumsum(lens) - lens  # where each run starts in the concatenation
+    times = log[np.arange(int(lens.sum())) + np.repeat(ab[:, 0] - run_pos, lens)]
+    first_run = np.cumsum(nruns) - np.asarray(nruns)
+    n = np.add.reduceat(lens, first_run)
+    s = np.cumsum(n) - n
+    last = s + n - 1
+    arrival = np.asarray([requests[k].arrival for k in who], dtype=np.float64)
+    t_ttft = times[s] - arrival
+    multi = n > 1
+    t_tpot = np.full(len(who), nan)
+    t_tpot[multi] = (times[last[multi]] - times[s[multi]]) / (n[multi] - 1)
+    t_gap = np.full(len(who), nan)
+    if multi.any():
+        # Max of the diffs inside each request's segment: reduceat over (start, end) pairs;
+        # the padding keeps the last end index in range.
+        diffs = np.empty(times.size)
+        np.subtract(times[1:], times[:-1], out=diffs[:-1])  # np.diff, one slot longer
+        diffs[-1] = 0.0
+        bounds = np.stack((s[multi], last[multi]), axis=1).ravel()
+        t_gap[multi] = np.maximum.reduceat(diffs, bounds)[::2]
+    for j, k in enumerate(who):
+        starts[k] = int(s[j])
+        counts[k] = int(n[j])
+    for k, a, b, c in zip(who, t_ttft.tolist(), t_tpot.tolist(), t_gap.tolist(), strict=True):
+        ttft[k], tpot[k], gap[k] = a, b, c
+    return times, starts, counts, ttft, tpot, gap
+
+
 def request_table(
     requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
 ) -> pd.DataFrame:
-    """One row per request with its timeline metrics and SLO outcomes."""
+    """One row per request with its timeline metrics and SLO outcomes.
+
+    Built column by column; the token timelines of requests served on one replica are
+    gathered at once (:func:`_timelines`), failovers' client timelines one by one.
+    """
+    if not requests:
+        return pd.DataFrame()
     nan = float("nan")
-    rows: list[dict[str, Any]] = []
-    for r in requests:
-        t = (
-            token_times(r, iter_ends[r.instance_id])
-            if r.token_runs or r.streamed_times
-            else np.empty(0)
-        )
-        n = t.size
-        ttft = float(t[0]) - r.arrival if n else nan
-        tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan
-        max_gap = float(np.max(np.diff(t))) if n > 1 else nan
-        finished = r.status is RequestStatus.FINISHED
-        e2e = (r.finish_time - r.arrival) if finished and r.finish_time is not None else nan
-        qoe = nan
-        if r.qoe is not None:
-            if r.status is RequestStatus.REJECTED:
-                qoe = 0.0
-            elif finished:
-                qoe = andes_qoe(r.arrival, t, r.qoe.ttft_s, r.qoe.tokens_per_s)
-            elif r.finish_time is not None:
-                qoe = andes_qoe(
-                    r.arrival,
-                    t,
-                    r.qoe.ttft_s,
-                    r.qoe.tokens_per_s,
-                    now=r.finish_time,
-                    total_tokens=r.true_output_len,
-                )
-        slo = r.slo
-        ttft_ok = _meets(slo.ttft_s, ttft, finished or n > 0)
-        tpot_ok = _meets(slo.tpot_s, tpot if n > 1 else 0.0, finished)
-        dl_ok = _meets(slo.deadline_s, e2e, finished)
-        has_slo = not slo.empty
-        slo_ok: float = nan
-        if has_slo:
-            slo_ok = float(finished and all(v != 0.0 for v in (ttft_ok, tpot_ok, dl_ok) if v == v))
-        rows.append(
-            {
-                "req_id": r.req_id,
-                "instance": r.instance_id,
-                "class": r.req_class.value,
-                "priority": r.priority,
-                "model": r.model,
-                "status": r.status.name.lower(),
-                "arrival_s": r.arrival,
-                "prompt_tokens": r.num_prompt_tokens,
-                "output_tokens": r.true_output_len,
-                "generated_tokens": r.num_output_tokens,
-                "queue_s": (r.first_scheduled - r.arrival)
-                if r.first_scheduled is not None
-                else nan,
-                "ttft_s": ttft,
-                "tpot_s": tpot,
-                "atgt_s": tpot,
-                "max_gap_s": max_gap,
-                "e2e_s": e2e,
-                "normalized_latency_s": e2e / r.true_output_len if finished else nan,
-                "finish_s": r.finish_time if r.finish_time is not None else nan,
-                "qoe": qoe,
-                "preemptions": r.num_preemptions,
-                "swaps": r.num_swaps,
-                "slo_ttft_s": slo.ttft_s if slo.ttft_s is not None else nan,
-                "slo_tpot_s": slo.tpot_s if slo.tpot_s is not None else nan,
-                "slo_deadline_s": slo.deadline_s if slo.deadline_s is not None else nan,
-                "qoe_ttft_s": r.qoe.ttft_s if r.qoe is not None else nan,
-                "qoe_tokens_per_s": r.qoe.tokens_per_s if r.qoe is not None else nan,
-                "ttft_ok": ttft_ok,
-                "tpot_ok": tpot_ok,
-                "deadline_ok": dl_ok,
-                "slo_ok": slo_ok,
-                "reject_reason": r.reject_reason,
-            }
-        )
-    return pd.DataFrame(rows)
+    cols: dict[str, list[Any]] = {c: [] for c in COLUMNS}
+    FINISHED = RequestStatus.FINISHED
+    REJECTED = RequestStatus.REJECTED
+    log, offset = _joined_logs(iter_ends)
+    (c_req, c_inst, c_class, c_prio, c_model, c_status, c_arr, c_prompt, c_out, c_gen) = (
+        cols[c] for c in COLUMNS[:10]
+    )
+    (c_queue, c_ttft, c_tpot, c_atgt, c_gap, c_e2e, c_norm, c_finish, c_qoe) = (
+        cols[c] for c in COLUMNS[10:19]
+    )
+    (c_pre, c_swaps, c_sttft, c_stpot, c_sdl, c_qttft, c_qtps) = (cols[c] for c in COLUMNS[19:26])
+    (c_tok, c_tpok, c_dlok, c_slook, c_reason) = (cols[c] for c in COLUMNS[26:])
+    # In chunks: the gathered token times of a chunk are the only per-token arrays alive.
+    for lo in range(0, len(requests), _CHUNK):
+        chunk = requests[lo : lo + _CHUNK]
+        times, starts, counts, ttfts, tpots, gaps = _timelines(chunk, log, offset)
+        for k, r in enumerate(chunk):
+            arrival = r.arrival
+            n = counts[k]
+            if n:
+                t = times[starts[k] : starts[k] + n]
+                ttft, tpot, max_gap = ttfts[k], tpots[k], gaps[k]
+            else:
+                t = token_times(r, iter_ends[r.instance_id]) if r.streamed_times else _EMPTY
+                n = t.size
+                ttft = float(t[0]) - arrival if n else nan
+                tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan
+                max_gap = float(np.max(np.diff(t))) if n > 1 else nan
+            status = r.status
+            finished = status is FINISHED
+            finish_time = r.finish_time
+            e2e = (finish_time - arrival) if finished and finish_time is not None else nan
+            qoe = nan
+            rq = r.qoe
+            if rq is not None:
+                if status is REJECTED:
+                    qoe = 0.0
+                elif finished and counts[k]:
+                    qoe = delivered_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
+                elif finished:
+                    qoe = andes_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
+                elif finish_time is not None:
+                    qoe = andes_qoe(
+                        arrival,
+                        t,
+                        rq.ttft_s,
+                        rq.tokens_per_s,
+                        now=finish_time,
+                        total_tokens=r.true_output_len,
+                    )
+            slo = r.slo
+            if slo.empty:
+                ttft_ok = tpot_ok = dl_ok = slo_ok = nan
+            else:
+                ttft_ok = _meets(slo.ttft_s, ttft, finished or n > 0)
+                tpot_ok = _meets(slo.tpot_s, tpot if n > 1 else 0.0, finished)
+                dl_ok = _meets(slo.deadline_s, e2e, finished)
+                met = all(v != 0.0 for v in (ttft_ok, tpot_ok, dl_ok) if v == v)
+                slo_ok = float(finished and met)
+            c_req.append(r.req_id)
+            c_inst.append(r.instance_id)
+            c_class.append(r.req_class.value)
+            c_prio.append(r.priority)
+            c_model.append(r.model)
+            c_status.append(status.name.lower())
+            c_arr.append(arrival)
+            c_prompt.append(r.num_prompt_tokens)
+            c_out.append(r.true_output_len)
+            c_gen.append(r.num_output_tokens)
+            c_queue.append((r.first_scheduled - arrival) if r.first_scheduled is not None else nan)
+            c_ttft.append(ttft)
+            c_tpot.append(tpot)
+            c_atgt.append(tpot)
+            c_gap.append(max_gap)
+            c_e2e.append(e2e)
+            c_norm.append(e2e / r.true_output_len if finished else nan)
+            c_finish.append(finish_time if finish_time is not None else nan)
+            c_qoe.append(qoe)
+            c_pre.append(r.num_preemptions)
+            c_swaps.append(r.num_swaps)
+            c_sttft.append(slo.ttft_s if slo.ttft_s is not None else nan)
+            c_stpot.append(slo.tpot_s if slo.tpot_s is not None else nan)
+            c_sdl.append(slo.deadline_s if slo.deadline_s is not None else nan)
+            c_qttft.append(rq.ttft_s if rq is not None else nan)
+            c_qtps.append(rq.tokens_per_s if rq is not None else nan)
+            c_tok.append(ttft_ok)
+            c_tpok.append(tpot_ok)
+            c_dlok.append(dl_ok)
+            c_slook.append(slo_ok)
+            c_reason.append(r.reject_reason)
+    return pd.DataFrame(cols, columns=list(COLUMNS))
+
+
+_EMPTY: NDArray[np.float64] = np.empty(0)
+_CHUNK = 8192
 
 
 def _meets(target: float | None, value: float, observed: bool) -> float:

@@ -7,12 +7,15 @@
   :mod:`~sloserve.serve.api_stream` (the SSE response, client disconnects);
   :mod:`sloserve.serve.server` — running it under uvicorn with a graceful drain;
 * :mod:`sloserve.serve.backend` — the contract between the API and what generates tokens;
-* :mod:`sloserve.serve.emulated` — replicas of the simulation engine in wall-clock time;
+* :mod:`sloserve.serve.emulated` — a simulated cluster (:mod:`sloserve.cluster`) stepped in
+  wall-clock time;
 * :mod:`sloserve.serve.upstream` — a proxy to real OpenAI-compatible engines, with
   :mod:`~sloserve.serve.upstream_config` (its options), :mod:`~sloserve.serve.upstream_queue`
   (estimates, admission, queue) and :mod:`~sloserve.serve.upstream_wire` (body and SSE
   parsing);
-* :mod:`sloserve.serve.routing` — routers; :mod:`sloserve.serve.metrics` — Prometheus;
+* :mod:`sloserve.serve.replica_view` — the gateway's replicas as the cluster routers'
+  ``ClusterView`` (routers: :mod:`sloserve.cluster.routing`, shared with simulation);
+  :mod:`sloserve.serve.metrics` — Prometheus;
 * :mod:`sloserve.serve.schemas` — request/response shapes; :mod:`sloserve.serve.pacer` —
   Andes' token pacer.
 

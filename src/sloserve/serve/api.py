@@ -38,6 +38,7 @@ server in :mod:`~sloserve.serve.server`.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -88,6 +89,16 @@ from sloserve.serve.schemas import (
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` of the legacy completions endpoint."""
 
+_CLIENT_ERROR_OF_STATUS = {408: "read_timeout", 413: "body_too_large"}
+
+
+def _is_json(content_type: str) -> bool:
+    """``application/json`` or ``application/*+json`` (parameters aside)."""
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main == "application/json" or (
+        main.startswith("application/") and main.endswith("+json")
+    )
+
 
 class GatewaySettings(BaseModel):
     """Options of the HTTP layer (the backend has its own config)."""
@@ -112,6 +123,20 @@ class GatewaySettings(BaseModel):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, le=86_400, allow_inf_nan=False,
         description="graceful shutdown: wait this long for open streams (at most a day)",
+    )  # fmt: skip
+    request_read_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, allow_inf_nan=False,
+        description="a request's headers, and then its body, must arrive within this many "
+        "seconds (else 408)",
+    )  # fmt: skip
+    max_body_bytes: int = Field(
+        default=32 * 2**20, ge=1024, le=2**30,
+        description="largest request body (else 413); 32 MiB holds a 128k-token prompt",
+    )  # fmt: skip
+    workers: int = Field(
+        default=1, ge=1, le=256,
+        description="gateway processes sharing the port (sloserve serve --workers); above 1 "
+        "the responses name their process in x-sloserve-worker-pid",
     )  # fmt: skip
 
 
@@ -154,7 +179,17 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         errs = exc.errors()
         first = errs[0] if errs else {}
         param = _param_of(first.get("loc", ()))
+        ctype = req.headers.get("content-type", "")
+        if tuple(first.get("loc", ())) == ("body",) and not _is_json(ctype):
+            # FastAPI reads only a JSON content type: a body sent as anything else
+            metrics.client_error("unsupported_media_type")
+            e = _ApiError(
+                415, f"the body must be JSON with content-type application/json, got "
+                f"{ctype[:60]!r}", code="unsupported_media_type",
+            )  # fmt: skip
+            return _error_response(e)
         if first.get("type") == "json_invalid":
+            metrics.client_error("malformed_json")
             msg = f"malformed JSON body: {first.get('msg', '')}"
             param = None
         elif first.get("type") == "missing" and param:
@@ -166,8 +201,17 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         return _error_response(_ApiError(400, msg, param=param, code="invalid_value"))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error_response(_ApiError(exc.status_code, str(exc.detail)))
+    async def _http(req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = _CLIENT_ERROR_OF_STATUS.get(exc.status_code)
+        headers: dict[str, str] = {}
+        if reason is not None:
+            metrics.client_error(reason)
+            if req.url.path.startswith("/v1/"):
+                metrics.count("rejected", _class_label(req))
+            headers["connection"] = "close"  # the rest of the body is not worth reading
+        return _error_response(
+            _ApiError(exc.status_code, str(exc.detail), code=reason, headers=headers)
+        )
 
     @app.exception_handler(_ApiError)
     async def _api(_req: Request, exc: _ApiError) -> JSONResponse:
@@ -212,6 +256,8 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
     ) -> tuple[GenerationRequest, dict[str, str]]:
         extra = sorted((body.model_extra or {}).keys())
         headers: dict[str, str] = {}
+        if cfg.workers > 1:
+            headers["x-sloserve-worker-pid"] = str(os.getpid())
         if extra:
             if cfg.strict:
                 more = len(extra) - _HEADER_NAMES_MAX
@@ -257,8 +303,23 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                            else ("messages" if chat else "prompt")),
                     code="context_length_exceeded",
                 )  # fmt: skip
+        least = body.min_tokens or 0
+        if asked is not None and least > asked:
+            raise _ApiError(
+                400, f"min_tokens ({least}) must not exceed {_max_tokens_param(body)} ({asked})",
+                param="min_tokens", code="invalid_value",
+            )  # fmt: skip
+        if ctx is not None and least > ctx - n_prompt:
+            raise _ApiError(
+                400,
+                f"this model's maximum context length is {ctx} tokens; the request has "
+                f"{n_prompt} prompt tokens and asks for at least {least} more (min_tokens)",
+                param="min_tokens", code="context_length_exceeded",
+            )  # fmt: skip
         if asked is None:
-            asked = COMPLETIONS_DEFAULT_MAX_TOKENS if not chat else cfg.default_max_tokens
+            # the default cap never undercuts the client's own floor
+            asked = max(least, COMPLETIONS_DEFAULT_MAX_TOKENS if not chat
+                        else cfg.default_max_tokens)  # fmt: skip
             if ctx is not None:
                 asked = min(asked, ctx - n_prompt)
         greq = GenerationRequest(

@@ -9,6 +9,7 @@ fields.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote
 
 from fastapi import Request
@@ -16,6 +17,7 @@ from fastapi import Request
 from sloserve.core.request import SLO, QoESpec, RequestClass
 from sloserve.serve.api_errors import _ApiError
 from sloserve.serve.schemas import (
+    MS_MAX,
     AnyRequest,
     ChatCompletionRequest,
 )
@@ -33,16 +35,35 @@ def _header_list(names: list[str]) -> str:
     return ",".join(shown)
 
 
+_DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+"""A header number: plain decimal notation (no sign, ``inf``, ``nan``, ``0x…`` or ``1_000``,
+which Python's ``float`` would read)."""
+
+
+def _header(request: Request, name: str) -> str | None:
+    """The value of header ``name``; sent several times, every copy must be the same
+    (a proxy that appends a second, different target is a contradiction, not a choice)."""
+    values = request.headers.getlist(name)
+    if not values:
+        return None
+    if any(v.strip() != values[0].strip() for v in values[1:]):
+        raise _ApiError(
+            400, f"header {name} is sent {len(values)} times with different values",
+            param=name, code="invalid_value",
+        )  # fmt: skip
+    return values[0].strip()
+
+
 def _header_ms(request: Request, name: str) -> float | None:
-    raw = request.headers.get(name)
+    raw = _header(request, name)
     if raw is None:
         return None
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not v > 0 or v == float("inf"):
-        raise _ApiError(400, f"header {name} must be a number of milliseconds > 0", param=name)
+    v = float(raw) if _DECIMAL.fullmatch(raw) else float("nan")
+    if not 0 < v <= MS_MAX:
+        raise _ApiError(
+            400, f"header {name} must be a number of milliseconds in (0, {MS_MAX:.0f}], "
+            f"got {raw[:40]!r}", param=name, code="invalid_value",
+        )  # fmt: skip
     return v
 
 
@@ -59,13 +80,14 @@ def _class_label(request: Request, body: AnyRequest | None = None) -> str:
 def _slo_inputs(
     body: AnyRequest, request: Request, preset: str
 ) -> tuple[RequestClass, int, SLO, QoESpec | None]:
-    raw_cls = body.request_class or request.headers.get("x-request-class")
-    try:
-        cls = RequestClass((raw_cls or "rt").strip().lower())
-    except ValueError:
+    header_cls = _header(request, "x-request-class")  # checked even when the body's wins
+    raw_cls = header_cls if body.request_class is None else body.request_class
+    if header_cls is not None and header_cls.lower() not in ("rt", "be"):
         raise _ApiError(
-            400, f"x-request-class must be rt or be, got {raw_cls!r}", param="x-request-class"
-        ) from None
+            400, f"x-request-class must be rt or be, got {header_cls[:40]!r}",
+            param="x-request-class", code="invalid_value",
+        )  # fmt: skip
+    cls = RequestClass((raw_cls or "rt").lower())
     rule = SLO_PRESETS[preset][cls]
     ttft_ms = _header_ms(request, "x-slo-ttft-ms")
     tpot_ms = _header_ms(request, "x-slo-tpot-ms")

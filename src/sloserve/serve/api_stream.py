@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from sloserve.serve.api_guard import guard_receive
 from sloserve.serve.backend import ServeError, TokenChunk
 
 _log = logging.getLogger(__name__)
@@ -36,7 +37,9 @@ _Write = Callable[[bytes], Awaitable[None]]
 class _GatewayApp(FastAPI):
     """FastAPI, keeping the server's ``send`` in the scope: token writes skip the
     middleware layers (each wraps ``send`` in a coroutine of its own; per token that was a
-    good share of the gateway's cost). The response start and end still go through them."""
+    good share of the gateway's cost). The response start and end still go through them.
+    A request with a body reads it through :func:`~sloserve.serve.api_guard.guard_receive`
+    (the read deadline and the size bound)."""
 
     async def __call__(
         self,
@@ -46,6 +49,11 @@ class _GatewayApp(FastAPI):
     ) -> None:
         if scope["type"] == "http":
             scope[_RAW_SEND] = send
+            if scope["method"] not in ("GET", "HEAD"):
+                cfg = self.state.settings
+                receive = guard_receive(
+                    receive, scope["headers"], cfg.request_read_timeout_s, cfg.max_body_bytes
+                )
         await super().__call__(scope, receive, send)
 
 

@@ -4,8 +4,10 @@ The HTTP layer (``serve/api.py``) parses and validates an OpenAI request, turns 
 :class:`GenerationRequest` and asks a :class:`Backend` for a stream of :class:`TokenChunk`.
 Two backends implement it: ``emulated`` (replicas of the simulation engine stepped in wall
 time) and ``openai`` (a proxy to real OpenAI-compatible engines). Both spread requests over
-their replicas with a :class:`Router` and report each replica as a :class:`ReplicaState`,
-which is what the routers score and what ``/metrics`` exports.
+their replicas with a router of the cluster layer (:mod:`sloserve.cluster.routing`: the
+very objects the simulated cluster uses) and report each replica as a
+:class:`ReplicaState`, which is what ``/metrics`` exports (and what the ``openai``
+backend's router views are built from, :mod:`sloserve.serve.replica_view`).
 
 Loads no web framework: importing this module is cheap and safe in simulation code.
 """
@@ -169,17 +171,3 @@ class Backend(abc.ABC):
     def healthy(self) -> bool:
         """At least one replica can take requests (``GET /health``)."""
         return any(r.healthy for r in self.replicas())
-
-
-class Router(abc.ABC):
-    """Picks the replica for a request: Filter (healthy, admissible) → Scorer → Picker.
-
-    Implementations live in ``serve/routing.py`` and are made by name with
-    ``make_router``: ``round-robin``, ``least-loaded``, ``power-of-two``, ``slo-aware``.
-    """
-
-    name: str = "router"
-
-    @abc.abstractmethod
-    def pick(self, req: GenerationRequest, replicas: Sequence[ReplicaState]) -> int | None:
-        """The index into ``replicas`` to send ``req`` to; ``None`` when none is healthy."""

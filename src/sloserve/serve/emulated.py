@@ -1,48 +1,69 @@
-"""The emulated backend: replicas of the simulation engine stepped in wall-clock time.
+"""The emulated backend: a simulated cluster stepped in wall-clock time.
 
-Each replica is an :class:`~sloserve.engine.instance.Instance` built exactly as
-``simulate`` builds one (:func:`sloserve.experiments.runner.build_instance`: profile, limits
-C/P/M/R_max, policy, predictor), with its own :class:`~sloserve.engine.env.Environment`.
+The replicas are a :class:`~sloserve.cluster.cluster.Cluster` — the very object
+``sloserve simulate --replicas N`` runs — described by a
+:class:`~sloserve.cluster.config.ClusterConfig` (replica groups with their profiles,
+policies and limits, the router, scheduled failures and drains) and built exactly as the
+simulation builds them (:func:`sloserve.experiments.cluster_run.group_configs`,
+:func:`sloserve.experiments.runner.build_instance`), on one
+:class:`~sloserve.engine.env.Environment`. Routing (a :mod:`sloserve.cluster.routing`
+router over the cluster's live ``ClusterView``), the global queue of held requests,
+replica lifecycle (joins, drains, failures with fail-over) and ``ReplicaStatus`` are the
+cluster's. What this module adds is the clock, the token streams and admission.
+
 Simulated time is mapped onto the event loop's monotonic clock,
-``sim = (loop.time() - t0) * time_scale``: a timer sleeps until the wall time of the next
+``sim = (loop.time() - t0) * time_scale``: one timer sleeps until the wall time of the next
 event, steps every event that is due, then streams the tokens those iterations generated —
 one :class:`TokenChunk` per token, deterministic filler text
-(:func:`sloserve.serve.schemas.filler_text`). The engine runs with ``multi_step=False`` so
+(:func:`sloserve.serve.schemas.filler_text`). The engines run with ``multi_step=False`` so
 each iteration is its own event and tokens leave at their iteration's end.
 
 Choices (parameters of :class:`EmulatedConfig`):
 
-* A new request arrives at the current wall time, ``max(env.now, sim_now)``, and is stepped
-  at once (an idle replica starts an iteration immediately, as a real engine would).
-* When the event loop falls behind (a busy gateway), due events are processed late, in
-  order, and the engine's timeline is unchanged: the simulated GPU kept its schedule, the
-  tokens reach the client late. That lateness is the live scheduling overhead the
-  sim-vs-live benchmark reports.
+* A new request arrives at the current wall time: due events are stepped first (the
+  replicas' state is current, the clock is now), then the cluster routes it at once (an
+  idle replica starts an iteration immediately, as a real engine would). A router
+  :class:`~sloserve.cluster.routing.Hold` keeps it in the cluster's global queue until a
+  replica of its model has room (``queue_size`` counts those); its stream just waits.
+* When the event loop falls behind, due events are processed late, in order, on the
+  engines' unchanged timelines: the tokens reach the client late (the live scheduling
+  overhead the sim-vs-live benchmark reports).
 * ``time_scale`` > 1 runs the emulation faster than real time (tests, demos): every
   simulated duration is divided by it, so client-side latencies are simulated ones divided
-  by ``time_scale``.
+  by ``time_scale``. SLO targets are handed to the engine and the router unscaled (they
+  read them in simulated seconds).
 * Output length: the request's ``output_tokens`` if the gateway chose one, else a draw from
   ``output_length`` (a :mod:`~sloserve.workloads.lengths` distribution, seeded), else
   ``max_tokens``; always capped by ``max_tokens`` and raised to vLLM's ``min_tokens``. A
   request that ends before ``max_tokens`` finishes with ``stop``, one that reaches it with
   ``length``.
-* Admission: ``max_queue`` caps the waiting requests of the replica the router picked; a
-  full queue answers 429 (``queue_full``) with ``Retry-After`` of ``retry_after_s``. With
+* Admission comes before routing (the cluster's order: admission, then the router), over
+  the replicas that are up and serve the request's model: none → 503 ``no_backend``.
+  ``max_queue`` caps waiting requests per replica: 429 ``queue_full`` (``Retry-After``:
+  ``retry_after_s``) when every such replica already has ``max_queue`` waiting, or the
+  global queue already holds ``max_queue`` requests of that model. With
   ``admission="slo"`` a real-time request is also refused (429 ``deadline``) when a lower
-  bound of its latency already misses its target: TTFT ≥ the cost model's prefill time of
-  the prompt tokens queued at the replica plus its own; end-to-end ≥ that plus one decode
-  step per output token at the current batch size and context. A lower bound, so a
+  bound of its latency misses its target at every such replica: TTFT ≥ the cost model's
+  prefill time of the prompt tokens queued there plus its own; end-to-end ≥ that plus one
+  decode step per output token at the current batch size and context. A lower bound, so a
   refused request could not have been served in time; best-effort requests are never
   refused for SLOs.
-* A client disconnect aborts the request (:meth:`Instance.abort`: at once when it is
-  queued, at the end of the in-flight iteration when it is in it), freeing its KV cache.
+* A client disconnect aborts the request (:meth:`Cluster.abort`: out of the global queue,
+  or on its replica at once when it is queued, at the end of the in-flight iteration when
+  it is in it), freeing its KV cache.
 * The engine's own rejection (the request can never fit the KV cache M under the policy)
   ends the stream with a 400 ``exceeds_kv_capacity`` before any token.
-* An exception from the engine (a policy that stalls with work waiting, a
+* An exception from an engine (a policy that stalls with work waiting, a
   ``SchedulerViolation``) ends every open stream of that replica with a 500
-  ``engine_error`` and resets the replica; it keeps serving new requests.
-* ``predicted_ttft_s`` of a replica is the cost model's prefill time of the prompt tokens
-  queued there (the work ahead of a new request), for the ``slo-aware`` router.
+  ``engine_error``; the replica fails and recovers at once through the cluster (a fresh
+  engine: empty KV, fresh policy state) and keeps serving new requests. The replica is
+  found from the traceback (the ``Instance`` whose event raised); if none is, every
+  replica is reset.
+* A scheduled failure (``cluster.failures``, simulated seconds after :meth:`start`) is the
+  simulation's: the replica's requests are served elsewhere from scratch and their streams
+  go on where they were (no token is sent twice). Drains and joins likewise.
+* Model names: a group's ``model``, else ``served_model_name`` for groups that run the
+  default profile, else the profile's model name; clients must name one of them.
 """
 
 from __future__ import annotations
@@ -52,20 +73,25 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from functools import partial
 from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sloserve.cluster.cluster import Cluster, ConservationError
+from sloserve.cluster.config import ClusterConfig, ReplicaGroup
+from sloserve.cluster.replica import Replica, ReplicaSpec
+from sloserve.cluster.routing import Router, make_router
+from sloserve.cluster.view import ReplicaStatus, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request, RequestClass, RequestStatus
 from sloserve.costmodel.profile import load_profile
-from sloserve.engine.env import PRIO_ARRIVAL, Environment
+from sloserve.engine.env import Environment
 from sloserve.engine.instance import Instance
+from sloserve.experiments.cluster_run import group_configs
 from sloserve.experiments.runner import InstanceConfig, SimConfig, build_instance
 from sloserve.policies.registry import make_policy
 from sloserve.serve.backend import (
@@ -73,18 +99,19 @@ from sloserve.serve.backend import (
     FinishReason,
     GenerationRequest,
     ReplicaState,
-    Router,
     ServeError,
     TokenChunk,
 )
-from sloserve.serve.schemas import FILLER_WORDS, filler_text
+from sloserve.serve.emulated_stream import _FILLER_CHUNKS, _Stream, _TokenStream
+from sloserve.serve.schemas import filler_text
 from sloserve.workloads.lengths import LengthDist
 
 log = logging.getLogger("sloserve.serve")
 
 
 class EmulatedConfig(BaseModel):
-    """The emulated backend: ``replicas`` identical replicas of one profile and policy."""
+    """The emulated backend: a cluster of engine replicas (``replicas`` identical ones of
+    ``instance`` and ``policy`` behind ``router``, or the groups of ``cluster``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -95,7 +122,13 @@ class EmulatedConfig(BaseModel):
     policy: str = Field(default="vllm", description="per-instance policy (sloserve policies)")
     policy_params: dict[str, Any] = Field(default_factory=dict)
     replicas: int = Field(default=1, ge=1, le=64)
-    router: str = Field(default="least-loaded", description="see sloserve.serve.routing")
+    router: str = Field(default="least-loaded", description="see sloserve.cluster.routing")
+    router_params: dict[str, Any] = Field(default_factory=dict)
+    cluster: ClusterConfig | None = Field(
+        default=None,
+        description="replica groups, router, failures and drains (a YAML cluster: section); "
+        "its groups' unset fields take instance/policy; excludes replicas/router",
+    )
     time_scale: float = Field(
         default=1.0, gt=0, le=1000, description="simulated seconds per wall second"
     )
@@ -112,143 +145,126 @@ class EmulatedConfig(BaseModel):
         description="'none' never answers 429; 'queue' when max_queue is reached; 'slo' also "
         "to a real-time request whose TTFT target or deadline can no longer be met",
     )
+    served_model_name: str | None = Field(
+        default=None, description="the model name clients use (default: the profile's model)"
+    )
 
     @model_validator(mode="after")
     def _admission(self) -> EmulatedConfig:
         if self.admission == "none" and self.max_queue is not None:
             raise ValueError("max_queue needs admission 'queue' or 'slo', not 'none'")
+        both = {"replicas", "router", "router_params"} & self.model_fields_set
+        if self.cluster is not None and both:
+            raise ValueError(
+                f"{', '.join(sorted(both))} and cluster both given: set them in cluster"
+            )
         return self
 
-    served_model_name: str | None = Field(
-        default=None, description="the model name clients use (default: the profile's model)"
-    )
+    def cluster_config(self) -> ClusterConfig:
+        """The cluster the backend runs: ``cluster``, or ``replicas`` behind ``router``."""
+        if self.cluster is not None:
+            return self.cluster
+        return ClusterConfig(
+            replicas=[ReplicaGroup(count=self.replicas)],
+            router=self.router,
+            router_params=self.router_params,
+        )
 
 
-_FILLER_CHUNKS = tuple(TokenChunk(filler_text(i), 1) for i in range(len(FILLER_WORDS)))
-"""The chunks of non-final filler tokens (token ``i`` is ``_FILLER_CHUNKS[i % 16]``)."""
+def _culprit(e: BaseException, replicas: Sequence[Replica]) -> Replica | None:
+    """The replica whose engine raised ``e``: the first ``Instance`` frame in its traceback
+    (events are plain callbacks on the shared clock, so the event itself does not say)."""
+    by_inst = {id(r.instance): r for r in replicas if r.instance is not None}
+    tb = e.__traceback__
+    while tb is not None:
+        rep = by_inst.get(id(tb.tb_frame.f_locals.get("self")))
+        if rep is not None:
+            return rep
+        tb = tb.tb_next
+    return None
 
 
-class _Stream:
-    """One request's token buffer: the engine pushes, its :class:`_TokenStream` pops.
+class EmulatedBackend(Backend):
+    """A simulated cluster behind the gateway, in wall time (see the module docstring)."""
 
-    A deque and one future rather than an ``asyncio.Queue``: this is the per-token path."""
+    name = "emulated"
 
-    __slots__ = (
-        "finish", "items", "max_tokens", "prompt_tokens", "req", "request_id", "sent", "waiter",
-    )  # fmt: skip
-
-    def __init__(self, req: Request, request_id: str, max_tokens: int, prompt_tokens: int) -> None:
-        self.req = req
-        self.request_id = request_id
-        self.max_tokens = max_tokens
-        self.prompt_tokens = prompt_tokens
-        self.items: deque[TokenChunk | ServeError] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.sent = 0
-        self.finish = False
-
-    def wake(self) -> None:
-        w = self.waiter
-        if w is not None:
-            self.waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    def push(self, item: TokenChunk | ServeError) -> None:
-        self.items.append(item)
-        self.wake()
-
-
-class _TokenStream:
-    """What :meth:`EmulatedBackend.generate` returns: the request's chunks, in order.
-
-    Admission runs at the first ``__anext__`` (errors come before the first chunk, as the
-    contract says). :meth:`drain_nowait` hands over the chunks already produced without
-    waiting, so that the API can write a backlog (a gateway that fell behind) in one go.
-    Closing it (``aclose``), or an exception or cancellation while waiting, releases the
-    request: aborted in the engine if it is still live.
-    """
-
-    __slots__ = ("_backend", "_closed", "_rep", "_req", "_stream")
-
-    def __init__(self, backend: EmulatedBackend, req: GenerationRequest) -> None:
-        self._backend = backend
-        self._req = req
-        self._rep: _Replica | None = None
-        self._stream: _Stream | None = None
-        self._closed = False
-
-    def __aiter__(self) -> _TokenStream:
-        return self
-
-    async def __anext__(self) -> TokenChunk:
-        s = self._stream
-        if s is None:
-            if self._closed:
-                raise StopAsyncIteration
-            self._rep, s = self._backend._admit(self._req)
-            self._stream = s
-        items = s.items
-        try:
-            while not items:
-                if self._closed:
-                    raise StopAsyncIteration
-                s.waiter = self._backend.loop.create_future()
-                await s.waiter
-        except BaseException:
-            self._close()
-            raise
-        item = items.popleft()
-        if isinstance(item, ServeError):
-            self._close()
-            raise item
-        if item.finish_reason is not None:
-            self._close()
-        return item
-
-    def drain_nowait(self) -> list[TokenChunk]:
-        """The chunks already produced (up to an error, which the next ``__anext__`` raises)."""
-        s = self._stream
-        out: list[TokenChunk] = []
-        if s is None:
-            return out
-        items = s.items
-        while items and not isinstance(items[0], ServeError):
-            c = items.popleft()
-            assert isinstance(c, TokenChunk)
-            out.append(c)
-            if c.finish_reason is not None:
-                self._close()
-                break
-        return out
-
-    async def aclose(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._rep is not None and self._stream is not None:
-            self._rep.release(self._stream)
-
-
-class _Replica:
-    """One Instance, its environment and the wall-clock timer that steps it."""
-
-    def __init__(self, index: int, inst: Instance, backend: EmulatedBackend) -> None:
-        self.index = index
-        self.name = f"replica-{index}"
-        self.inst = inst
-        self.env: Environment = inst.env
-        self.backend = backend
-        self.streams: dict[int, _Stream] = {}
-        self.ended: list[Request] = []
+    def __init__(self, config: EmulatedConfig, router: Router | None = None) -> None:
+        self.config = config
+        make_policy(config.policy, config.policy_params)  # fail early on a bad policy
+        ccfg = config.cluster_config()
+        ccfg.check(horizon_s=None, profile=config.instance.profile, policy=config.policy)
+        self.cluster_config = ccfg
+        """The cluster this backend runs (``config.cluster`` or built from its fields)."""
+        sim = SimConfig(
+            instance=config.instance.model_copy(update={"multi_step": False}),
+            policy=config.policy,
+            policy_params=config.policy_params,
+        )
+        self._group_cfgs = group_configs(sim, ccfg)
+        profiles = [load_profile(g.instance.profile) for g in self._group_cfgs]
+        self.profile = profiles[0]
+        specs = []
+        for rid, gi in enumerate(ccfg.group_of()):
+            g, gcfg = ccfg.replicas[gi], self._group_cfgs[gi]
+            if g.model is not None:
+                model = g.model
+            elif g.profile is None and config.served_model_name:
+                model = config.served_model_name
+            else:
+                model = profiles[gi].model.name
+            specs.append(ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s))
+        self.specs = specs
+        self._contexts = [p.model.max_context for p in profiles]
+        rparams = dict(ccfg.router_params)
+        seed = int(rparams.pop("seed", config.seed))
+        self.router = router or make_router(ccfg.router, rparams, seed=seed)
+        """The router: a :mod:`sloserve.cluster.routing` object, as in simulation."""
+        self.scale = config.time_scale
+        # Timer callbacks may fire up to the clock's resolution early: count those as due.
+        self.eps = time.get_clock_info("monotonic").resolution * self.scale + 1e-12
+        self.model_name = specs[0].model
+        self._rng = np.random.default_rng(config.seed)
+        self._ids = itertools.count()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cluster: Cluster | None = None
+        self.env = Environment()
+        self.t0 = 0.0
+        self.stopping = False
+        self._streams: dict[int, _Stream] = {}
+        """Open streams by engine request id (a request keeps its id across fail-overs)."""
+        self._ended: list[Request] = []
+        self._iters: dict[int, int] = {}
+        """Iterations already streamed, by instance id."""
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = math.inf
-        inst.on_done = self.ended.append
+        self.log: list[tuple[str, int, Request]] | None = None
+        """Set to a list to keep ``(request_id, replica, engine request)`` of every ended
+        stream (benchmarks: :meth:`token_times` gives when the engine emitted its tokens)."""
 
     # ---------------------------------------------------------------- clock
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the backend was started in."""
+        if self._loop is None:
+            raise ServeError("the emulated backend is not started", reason="not_started")
+        return self._loop
+
+    @property
+    def cluster(self) -> Cluster:
+        """The running cluster (after :meth:`start`)."""
+        if self._cluster is None:
+            raise ServeError("the emulated backend is not started", reason="not_started")
+        return self._cluster
+
+    def sim_now(self) -> float:
+        """Simulated seconds since :meth:`start`."""
+        return (self.loop.time() - self.t0) * self.scale
+
+    def wall_of(self, sim_t: float) -> float:
+        """The event loop time at which simulated time ``sim_t`` falls."""
+        return self.t0 + sim_t / self.scale
+
     def kick(self) -> None:
         """Step every event due by now, stream the new tokens, sleep until the next one."""
         if self.timer is not None:  # called early (an arrival): this pass replaces the timer
@@ -256,57 +272,71 @@ class _Replica:
         self.timer = None
         self.timer_at = math.inf
         env = self.env
-        now = self.backend.sim_now() + self.backend.eps
+        now = self.sim_now() + self.eps
         stepped = False
-        try:
-            while env.peek() <= now:
+        while env.peek() <= now:
+            stepped = True
+            try:
                 env.step()
-                stepped = True
-        except Exception as e:  # a policy that stalls or breaks a limit, or a bug
-            self._emit()
-            self._fail(e)
-        else:
-            if stepped:
+            except Exception as e:  # a policy that stalls or breaks a limit, or a bug
                 self._emit()
+                self._engine_failed(e)
+        env.run(until=now)  # nothing is due: the clock is now (arrivals enter at now)
+        if stepped or self._ended:
+            self._emit()
         self._arm()
-
-    def _fail(self, e: Exception) -> None:
-        """The engine raised: end every open stream with an explicit error and reset the
-        replica (its requests are aborted, their KV freed), so that nothing hangs."""
-        log.error("replica %s: %s: %s; its %d requests end with an error", self.name,
-                  type(e).__name__, e, len(self.streams))  # fmt: skip
-        err = ServeError(
-            f"engine error: {type(e).__name__}: {e}", status=500, reason="engine_error"
-        )
-        for s in self.streams.values():
-            if not s.finish:
-                s.finish = True
-                s.push(err)
-        self.inst.abort_all()
-        self.ended.clear()
 
     def _arm(self) -> None:
         nxt = self.env.peek()
         if nxt == math.inf:
             return
-        when = self.backend.wall_of(nxt)
+        when = self.wall_of(nxt)
         if self.timer is not None:
             if self.timer_at <= when:
                 return
             self.timer.cancel()
-        self.timer = self.backend.loop.call_at(when, self.kick)
+        self.timer = self.loop.call_at(when, self.kick)
         self.timer_at = when
 
+    def _engine_failed(self, e: Exception) -> None:
+        """An engine raised: end its open streams with an explicit error, abort what it
+        held, and restart it through the cluster (fail, then recover: a fresh engine)."""
+        clu = self.cluster
+        culprit = _culprit(e, clu.replicas)
+        reps = [culprit] if culprit is not None else [r for r in clu.replicas if r.instance]
+        err = ServeError(
+            f"engine error: {type(e).__name__}: {e}", status=500, reason="engine_error"
+        )
+        for rep in reps:
+            inst = rep.instance
+            assert inst is not None
+            mine = [s for s in self._streams.values() if s.req.instance_id == inst.instance_id]
+            log.error("%s: %s: %s; its %d requests end with an error", f"replica-{rep.replica_id}",
+                      type(e).__name__, e, len(mine))  # fmt: skip
+            for s in mine:
+                if not s.finish:
+                    s.finish = True
+                    s.push(err)
+            inst.abort_all()
+            clu.fail(rep)
+            clu.recover(rep)
+
+    # ---------------------------------------------------------------- streaming
     def _emit(self) -> None:
-        streams = self.streams
-        for r in self.inst.running:
-            s = streams.get(r.req_id)
-            if s is not None and r.num_output_tokens > s.sent:
-                self._push_tokens(s, r.num_output_tokens, None)
-        if self.ended:
+        streams = self._streams
+        for rep in self.cluster.replicas:
+            inst = rep.instance
+            if inst is None or self._iters.get(inst.instance_id) == len(inst.iter_end):
+                continue
+            self._iters[inst.instance_id] = len(inst.iter_end)
+            for r in inst.running:
+                s = streams.get(r.req_id)
+                if s is not None and r.num_output_tokens > s.sent:
+                    self._push_tokens(s, r.num_output_tokens, None)
+        if self._ended:
             # on_done appends to this very list object: copy, then empty it in place.
-            ended = list(self.ended)
-            self.ended.clear()
+            ended = list(self._ended)
+            self._ended.clear()
             for r in ended:
                 s = streams.get(r.req_id)
                 if s is None or s.finish:
@@ -339,120 +369,47 @@ class _Replica:
         s.sent = upto
         s.wake()
 
-    # ---------------------------------------------------------------- requests
-    def add(self, req: Request, stream: _Stream) -> None:
-        self.streams[req.req_id] = stream
-        self.env.schedule(req.arrival, partial(self._arrive, req, stream), PRIO_ARRIVAL)
-        self.kick()
-
-    def _arrive(self, req: Request, stream: _Stream) -> None:
-        # A stream already ended (the engine failed on an earlier due event and reset the
-        # replica) or released never enters the engine: it would be a request without a
-        # consumer, holding KV cache and compute until it ran to its end.
-        if stream.finish or self.streams.get(req.req_id) is not stream:
-            if not req.status.is_terminal:
-                req.abort(self.env.now)
-            return
-        self.inst.add_request(req)
-
-    def release(self, stream: _Stream) -> None:
-        """The consumer is gone: abort the request if it is still live (frees its KV)."""
-        r = stream.req
-        if self.streams.pop(r.req_id, None) is not None and self.backend.log is not None:
-            self.backend.log.append((stream.request_id, self.index, r))
-        if not r.status.is_terminal and self.inst.abort(r):
-            self.kick()
-
-    def state(self) -> ReplicaState:
-        inst = self.inst
-        kv = inst.kv
-        queued = 0
-        for r in inst.waiting:
-            queued += r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
-        return ReplicaState(
-            name=self.name,
-            healthy=not self.backend.stopping,
-            running=len(inst.running),
-            waiting=len(inst.waiting) + len(inst.swapped),
-            kv_usage=kv.num_used_blocks / kv.num_blocks if kv.num_blocks else 0.0,
-            in_flight=len(self.streams),
-            queued_prompt_tokens=queued,
-            predicted_ttft_s=inst.cost_model.prefill_time(queued) / self.backend.scale,
-        )
-
-
-class EmulatedBackend(Backend):
-    """Replicas of the simulation engine behind the gateway (see the module docstring)."""
-
-    name = "emulated"
-
-    def __init__(self, config: EmulatedConfig, router: Router | None = None) -> None:
-        from sloserve.serve.routing import make_router
-
-        self.config = config
-        make_policy(config.policy, config.policy_params)  # fail early on a bad policy
-        self.profile = load_profile(config.instance.profile)
-        self.router = router or make_router(config.router, seed=config.seed)
-        self.scale = config.time_scale
-        # Timer callbacks may fire up to the clock's resolution early: count those as due.
-        self.eps = time.get_clock_info("monotonic").resolution * self.scale + 1e-12
-        self.model_name = config.served_model_name or self.profile.model.name
-        self._rng = np.random.default_rng(config.seed)
-        self._ids = itertools.count()
-        self._replicas: list[_Replica] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.t0 = 0.0
-        self.stopping = False
-        self._icfg = config.instance.model_copy(update={"multi_step": False})
-        self.log: list[tuple[str, int, Request]] | None = None
-        """Set to a list to keep ``(request_id, replica, engine request)`` of every ended
-        stream (benchmarks: :meth:`token_times` gives when the engine emitted its tokens)."""
-
-    # ---------------------------------------------------------------- clock
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the backend was started in."""
-        if self._loop is None:
-            raise ServeError("the emulated backend is not started", reason="not_started")
-        return self._loop
-
-    def sim_now(self) -> float:
-        """Simulated seconds since :meth:`start`."""
-        return (self.loop.time() - self.t0) * self.scale
-
-    def wall_of(self, sim_t: float) -> float:
-        """The event loop time at which simulated time ``sim_t`` falls."""
-        return self.t0 + sim_t / self.scale
-
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         if self._loop is not None:
             raise ConfigError("the emulated backend is already started")
         self._loop = asyncio.get_running_loop()
         self.t0 = self._loop.time()
-        sim = SimConfig(
-            instance=self._icfg, policy=self.config.policy, policy_params=self.config.policy_params
-        )
-        self._replicas = [
-            _Replica(i, build_instance(sim, Environment(), check_invariants=False), self)
-            for i in range(self.config.replicas)
-        ]
+        env = self.env
+        gcfgs = self._group_cfgs
+
+        def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
+            return build_instance(
+                gcfgs[spec.group], env, check_invariants=False, instance_id=instance_id
+            )
+
+        clu = Cluster(env, self.specs, make_instance, self.router)
+        clu.on_done = self._ended.append
+        for f in self.cluster_config.failures:
+            clu.schedule_failure(f.replica, f.at_s, f.recover_s)
+        for d in self.cluster_config.drains:
+            clu.schedule_drain(d.replica, d.at_s)
+        self._cluster = clu
+        self._arm()
 
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         self.stopping = True
         deadline = time.monotonic() + drain_timeout_s
-        while any(rep.streams for rep in self._replicas) and time.monotonic() < deadline:
+        while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for rep in self._replicas:
-            for s in list(rep.streams.values()):
-                if not s.finish:
-                    s.finish = True
-                    s.push(ServeError("the server is shutting down", status=503, reason="shutdown"))
-                rep.release(s)
-            if rep.timer is not None:
-                rep.timer.cancel()
-                rep.timer = None
-            rep.inst.abort_all()  # the engine stops here: nothing in flight survives
+        for s in list(self._streams.values()):
+            if not s.finish:
+                s.finish = True
+                s.push(ServeError("the server is shutting down", status=503, reason="shutdown"))
+            self.release(s)
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self._cluster is not None:
+            try:  # the engines stop here: nothing in flight survives
+                self._cluster.close(self.env.now)
+            except ConservationError as e:  # a cluster bug: say so, but shut down
+                log.error("emulated cluster: %s", e)
 
     # ---------------------------------------------------------------- requests
     def _output_len(self, req: GenerationRequest) -> int:
@@ -466,63 +423,84 @@ class EmulatedBackend(Backend):
         floor = req.body.get("min_tokens") or 0
         return max(1, min(cap, max(n, int(floor))))
 
-    def _admit_slo(self, rep: _Replica, req: GenerationRequest, out_len: int) -> None:
+    def _refuse(self, message: str, reason: str) -> ServeError:
+        return ServeError(
+            message, status=429, reason=reason, retry_after_s=self.config.retry_after_s
+        )
+
+    def _admit_queue(self, up: Sequence[ReplicaView], req: GenerationRequest) -> None:
+        mq = self.config.max_queue
+        if mq is None:
+            return
+        held = len(self.cluster.queue.get(req.model, ()))
+        if held >= mq:
+            raise self._refuse(f"queue full: {held} requests of {req.model!r} held", "queue_full")
+        if all(v.waiting >= mq for v in up):
+            least = min(up, key=lambda v: v.waiting)
+            raise self._refuse(
+                f"queue full: {least.waiting} requests waiting at {least.name} (the least)",
+                "queue_full",
+            )
+
+    def _admit_slo(self, up: Sequence[ReplicaView], req: GenerationRequest, out_len: int) -> None:
         """Raise 429 ``deadline`` when a lower bound of the request's latency misses its
-        TTFT target or deadline (wall seconds, counted from the gateway's arrival)."""
+        TTFT target or deadline at every replica (wall seconds, from the gateway's arrival)."""
         slo = req.slo
         if slo.ttft_s is None and slo.deadline_s is None:
             return
-        inst = rep.inst
-        cm = inst.cost_model
         waited = time.monotonic() - req.arrival
-        queued = sum(r.remaining_compute for r in inst.waiting)
-        ttft = cm.prefill_time(queued + req.prompt_tokens) / self.scale
+        best_ttft = best_e2e = (math.inf, "")
+        for v in up:
+            inst = self.cluster.replicas[v.replica_id].instance
+            assert inst is not None
+            cm = inst.cost_model
+            queued = sum(r.remaining_compute for r in inst.waiting)
+            ttft = cm.prefill_time(queued + req.prompt_tokens) / self.scale
+            best_ttft = min(best_ttft, (ttft, v.name))
+            if slo.deadline_s is not None:
+                batch = len(inst.running) + 1
+                ctx = sum(r.num_computed_tokens for r in inst.running) + req.prompt_tokens
+                e2e = ttft + (out_len - 1) * cm.decode_time(batch, ctx) / self.scale
+                best_e2e = min(best_e2e, (e2e, v.name))
         missed = ""
-        if slo.ttft_s is not None and waited + ttft > slo.ttft_s:
-            missed = f"TTFT target {slo.ttft_s * 1e3:.0f} ms (at least {ttft * 1e3:.0f} ms)"
-        elif slo.deadline_s is not None:
-            batch = len(inst.running) + 1
-            ctx = sum(r.num_computed_tokens for r in inst.running) + req.prompt_tokens
-            e2e = ttft + (out_len - 1) * cm.decode_time(batch, ctx) / self.scale
-            if waited + e2e > slo.deadline_s:
-                missed = f"deadline {slo.deadline_s:.3f} s (at least {e2e:.3f} s)"
+        if slo.ttft_s is not None and waited + best_ttft[0] > slo.ttft_s:
+            missed = f"TTFT target {slo.ttft_s * 1e3:.0f} ms (at least {best_ttft[0] * 1e3:.0f} ms"
+            where = best_ttft[1]
+        elif slo.deadline_s is not None and waited + best_e2e[0] > slo.deadline_s:
+            missed = f"deadline {slo.deadline_s:.3f} s (at least {best_e2e[0]:.3f} s"
+            where = best_e2e[1]
         if missed:
-            raise ServeError(
-                f"the request's {missed} can no longer be met at {rep.name}",
-                status=429,
-                reason="deadline",
-                retry_after_s=self.config.retry_after_s,
+            raise self._refuse(
+                f"the request's {missed} at {where}, the best replica) can no longer be met",
+                "deadline",
             )
 
     def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
         return _TokenStream(self, req)
 
-    def _admit(self, req: GenerationRequest) -> tuple[_Replica, _Stream]:
-        """Route and admit ``req`` (or raise :class:`ServeError`); the engine gets it now."""
+    def _admit(self, req: GenerationRequest) -> _Stream:
+        """Admit ``req`` (or raise :class:`ServeError`) and hand it to the cluster now."""
         if self._loop is None:
             raise ServeError("the emulated backend is not started", reason="not_started")
         if self.stopping:
             raise ServeError("the server is shutting down", status=503, reason="shutdown")
-        states = self.replicas()
-        idx = self.router.pick(req, states)
-        if idx is None:
-            raise ServeError("no replica is healthy", status=503, reason="no_backend")
-        rep = self._replicas[idx]
-        mq = self.config.max_queue
-        if mq is not None and len(rep.inst.waiting) >= mq:
+        self.kick()  # due events first: the replicas' state is current, the clock is now
+        clu = self.cluster
+        up = [v for v in clu.view.serving(req.model) if v.status is ReplicaStatus.UP]
+        if not up:
             raise ServeError(
-                f"queue full: {len(rep.inst.waiting)} requests waiting at {rep.name}",
-                status=429,
-                reason="queue_full",
+                f"no replica serving {req.model!r} is up",
+                status=503,
+                reason="no_backend",
                 retry_after_s=self.config.retry_after_s,
             )
+        self._admit_queue(up, req)
         out_len = self._output_len(req)
         if self.config.admission == "slo" and req.request_class is RequestClass.RT:
-            self._admit_slo(rep, req, out_len)
-        sim_arrival = max(rep.env.now, self.sim_now())
+            self._admit_slo(up, req, out_len)
         r = Request(
             req_id=next(self._ids),
-            arrival=sim_arrival,
+            arrival=self.env.now,
             num_prompt_tokens=req.prompt_tokens,
             true_output_len=out_len,
             req_class=req.request_class,
@@ -533,17 +511,65 @@ class EmulatedBackend(Backend):
             max_tokens=req.max_tokens,
         )
         stream = _Stream(r, req.request_id, req.max_tokens, req.prompt_tokens)
-        rep.add(r, stream)
-        return rep, stream
+        self._streams[r.req_id] = stream
+        try:
+            clu.add_request(r)  # routed now, or held in the global queue
+        except Exception as e:  # a router that breaks the contract (a plugin's bug)
+            self._streams.pop(r.req_id, None)
+            log.exception("router %r failed", self.router.name)
+            raise ServeError(
+                f"router error: {type(e).__name__}: {e}", status=500, reason="router_error"
+            ) from None
+        self.kick()
+        return stream
 
+    def release(self, stream: _Stream) -> None:
+        """The consumer is gone: abort the request if it is still live (frees its KV)."""
+        r = stream.req
+        if self._streams.pop(r.req_id, None) is not None and self.log is not None:
+            reps = self.cluster.replicas
+            rid = next((p.replica_id for p in reps for i in p.incarnations
+                        if i.instance_id == r.instance_id), -1)  # fmt: skip
+            self.log.append((stream.request_id, rid, r))
+        if not r.status.is_terminal and self._cluster is not None and self._cluster.abort(r):
+            self.kick()
+
+    # ---------------------------------------------------------------- state
     def replicas(self) -> Sequence[ReplicaState]:
-        return [rep.state() for rep in self._replicas]
+        clu = self._cluster
+        if clu is None:
+            return []
+        flying = Counter(s.req.instance_id for s in self._streams.values())
+        out = []
+        for rep in clu.replicas:
+            v = clu.view.replica(rep.replica_id)
+            ttft = v.predicted_ttft_s(RouteRequest(-1, v.model, 0))
+            out.append(
+                ReplicaState(
+                    name=v.name,
+                    healthy=v.status is ReplicaStatus.UP and not self.stopping,
+                    running=v.running,
+                    waiting=v.waiting + v.swapped,
+                    kv_usage=v.kv_usage,
+                    in_flight=sum(flying[i.instance_id] for i in rep.incarnations),
+                    queued_prompt_tokens=v.queued_prompt_tokens,
+                    predicted_ttft_s=None if ttft is None else ttft / self.scale,
+                )
+            )
+        return out
+
+    @property
+    def queue_size(self) -> int:
+        """Requests held in the cluster's global queue (a router's :class:`Hold`)."""
+        clu = self._cluster
+        return 0 if clu is None else sum(len(q) for q in clu.queue.values())
 
     def models(self) -> Sequence[str]:
-        return (self.model_name,)
+        return tuple(dict.fromkeys(s.model for s in self.specs))
 
     def max_context(self) -> int | None:
-        return self.profile.model.max_context
+        known = [c for c in self._contexts if c is not None]
+        return max(known) if known else None
 
     def check_params(self, body: dict[str, Any]) -> list[str]:
         stop = body.get("stop")
@@ -551,16 +577,24 @@ class EmulatedBackend(Backend):
 
     @property
     def healthy(self) -> bool:
-        return self._loop is not None and not self.stopping
+        clu = self._cluster
+        return (
+            clu is not None
+            and not self.stopping
+            and any(r.status is ReplicaStatus.UP for r in clu.replicas)
+        )
 
     # ---------------------------------------------------------------- introspection
     def instances(self) -> list[Instance]:
-        """The replicas' engines (tests and benchmarks read their state)."""
-        return [rep.inst for rep in self._replicas]
+        """The engine of every replica that has started (its latest incarnation), in
+        replica order (tests and benchmarks read their state)."""
+        return [r.incarnations[-1] for r in self.cluster.replicas if r.incarnations]
 
     def token_times(self, replica: int, req: Request) -> NDArray[np.float64]:
         """Event-loop (monotonic) times at which the engine emitted ``req``'s tokens: the
         ends of their iterations, mapped to wall time (when they were due, not when the
-        loop got to them)."""
-        ends = np.asarray(self._replicas[replica].inst.iter_end, dtype=np.float64)
+        loop got to them). ``replica``: where it ran (its last engine is looked up)."""
+        incs = self.cluster.replicas[replica].incarnations
+        inst = next(i for i in incs if i.instance_id == req.instance_id)
+        ends = np.asarray(inst.iter_end, dtype=np.float64)
         return self.t0 + ends[np.asarray(req.token_iterations(), dtype=np.int64)] / self.scale

@@ -1,5 +1,7 @@
 """Prometheus metrics of the gateway, one :class:`~prometheus_client.CollectorRegistry` per
-app (two gateways in one process, as in the tests, never share counters).
+app (two gateways in one process, as in the tests, never share counters). Under
+``sloserve serve --workers N`` (``PROMETHEUS_MULTIPROC_DIR`` set) ``/metrics`` sums the
+counters and histograms of all worker processes; the gauges are the answering process's.
 
 Labels are bounded: ``class`` is ``rt``/``be``; ``status`` is one of :data:`STATUSES`;
 ``kind`` is ``ttft``/``tpot``/``deadline``; ``replica`` is the backend's stable replica
@@ -10,6 +12,8 @@ the simulated times divided by the scale).
   per class, of requests that received at least one token (TPOT: at least two).
 * ``sloserve_requests_total{status,class}``: every request the API validated, once, by how
   it ended.
+* ``sloserve_client_errors_total{reason}``: requests refused for how they were sent
+  (:data:`CLIENT_ERRORS`: slow, oversize, malformed).
 * ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
 * ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
 * ``sloserve_queue_size``: requests accepted and not yet started: the replicas' waiting
@@ -22,6 +26,7 @@ the simulated times divided by the scale).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -36,6 +41,14 @@ from sloserve.serve.backend import Backend
 STATUSES = ("ok", "cancelled", "error", "rejected", "dropped", "unavailable")
 """``ok`` finished; ``cancelled`` the client went away; ``error`` the backend failed after
 accepting it; ``rejected`` a 4xx other than 429; ``dropped`` a 429; ``unavailable`` a 503."""
+
+CLIENT_ERRORS = (
+    "header_timeout", "read_timeout", "body_too_large", "malformed_json",
+    "unsupported_media_type", "malformed_http",
+)  # fmt: skip
+"""``sloserve_client_errors_total{reason}``: headers or body not received within
+``request_read_timeout_s`` (408), a body over ``max_body_bytes`` (413), a body that is not
+JSON (400) or not sent as JSON (415), HTTP uvicorn cannot parse (400)."""
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -157,13 +170,35 @@ class GatewayMetrics:
             "sloserve_request_qoe", "Andes QoE of finished requests with a qoe spec", ["class"],
             buckets=_QOE_BUCKETS, registry=reg,
         )  # fmt: skip
+        self.client_errors = Counter(
+            "sloserve_client_errors", "Requests refused for how the client sent them",
+            ["reason"], registry=reg,
+        )  # fmt: skip
         for cls in ("rt", "be"):  # so that every series exists from the first scrape
             for st in STATUSES:
                 self.requests.labels(st, cls)
-        reg.register(_ReplicaCollector(backend))
+        for reason in CLIENT_ERRORS:
+            self.client_errors.labels(reason)
+        self._replicas = _ReplicaCollector(backend)
+        reg.register(self._replicas)
+        self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+        """Set (by ``sloserve serve --workers N``): prometheus-client's multiprocess mode."""
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._multiprocess_dir is None:
+            return generate_latest(self.registry)
+        # several gateway processes: counters and histograms summed over all of them (their
+        # values live in files), the gauges of this process
+        from prometheus_client import multiprocess
+
+        reg = CollectorRegistry()
+        multiprocess.MultiProcessCollector(reg, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
+        reg.register(self._replicas)
+        return generate_latest(reg)
+
+    def client_error(self, reason: str) -> None:
+        """A request refused for how it was sent (one of :data:`CLIENT_ERRORS`)."""
+        self.client_errors.labels(reason).inc()
 
     def count(self, status: str, request_class: str) -> None:
         """A request that ended without streaming (an error before the first token)."""

@@ -24,6 +24,18 @@ Request bodies are pydantic models (they also make the OpenAPI schema). Choices:
   ``\\w+|[^\\w\\s]``) plus one BOS token; a token-id prompt counts its ids; a chat adds 3
   tokens per message and 3 to prime the reply (OpenAI's published estimate). The count is
   what the emulated backend prefills and what ``usage.prompt_tokens`` reports.
+* **Strict types** (as OpenAI and vLLM): every request model validates in pydantic's strict
+  mode, so a number is a JSON number (``"10"`` is not an integer, ``true`` is not an
+  integer, ``10.0`` is not an integer; a float field takes an integer) and a boolean is
+  ``true``/``false`` (``"yes"`` and ``1`` are refused); floats are finite. Every integer has
+  bounds an engine can hold (:data:`INT64_MIN`…:data:`INT64_MAX` for ``seed`` and
+  ``priority``, :data:`TOKEN_MAX` for token counts and ids, OpenAI's limits for ``n``,
+  ``best_of``, ``logprobs``, ``top_logprobs``); the API then checks token counts against
+  the model's context. The bounds live here, next to each field, and reach the OpenAPI
+  schema; :func:`request_bounds` lists them.
+* **Chat messages follow OpenAI's content rule**: a ``system``, ``developer``, ``user`` or
+  ``tool`` message needs ``content``; an ``assistant`` message may leave it null only when
+  it carries ``tool_calls`` (or the legacy ``function_call``).
 """
 
 from __future__ import annotations
@@ -31,11 +43,26 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+"""``seed`` and ``priority`` are int64 in vLLM's engine (and numpy/torch seeds)."""
+TOKEN_MAX = 2**31 - 1
+"""Token counts and token ids: int32, what vLLM's engine holds them in (the model's context
+is far smaller and is checked per request)."""
+MS_MAX = 86_400_000.0
+"""Latency targets: at most a day (in milliseconds)."""
+
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_MAX)]
+
+_STRICT = ConfigDict(strict=True, allow_inf_nan=False)
+"""Request models: JSON types as declared (no "10" for 10, no "yes" for true), finite
+floats."""
 CHAT_TOKENS_PER_MESSAGE = 3
 CHAT_REPLY_PRIMING_TOKENS = 3
 
@@ -62,11 +89,13 @@ class SloBody(BaseModel):
     """Per-request latency targets (milliseconds)."""
 
     # finite: Python's JSON parser reads NaN and Infinity
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
-    ttft_ms: float | None = Field(default=None, gt=0, description="time to first token")
-    tpot_ms: float | None = Field(default=None, gt=0, description="mean time per output token")
-    deadline_ms: float | None = Field(default=None, gt=0, description="end-to-end bound")
+    ttft_ms: float | None = Field(default=None, gt=0, le=MS_MAX, description="time to first token")
+    tpot_ms: float | None = Field(
+        default=None, gt=0, le=MS_MAX, description="mean time per output token"
+    )
+    deadline_ms: float | None = Field(default=None, gt=0, le=MS_MAX, description="end-to-end bound")
 
 
 class QoEBody(BaseModel):
@@ -74,14 +103,14 @@ class QoEBody(BaseModel):
     ``tokens_per_s`` (the user's reading speed; also the server-side pacer's rate)."""
 
     # finite: an infinite target makes the QoE NaN (and a NaN poisons the histogram's sum)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
-    ttft_s: float = Field(ge=0)
-    tokens_per_s: float = Field(gt=0)
+    ttft_s: float = Field(ge=0, le=86_400)
+    tokens_per_s: float = Field(gt=0, le=1e6)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **_STRICT)
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -93,29 +122,31 @@ class StreamOptions(BaseModel):
 class _Common(BaseModel):
     """Fields both endpoints share. Unknown fields land in ``model_extra``."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", **_STRICT)
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=TOKEN_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     user: str | None = None
     stop: str | list[str] | None = None
-    n: int | None = Field(default=None, ge=1)
-    logit_bias: dict[str, float] | None = None
+    n: int | None = Field(default=None, ge=1, le=128)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     # vLLM's sampling extras (accepted: benchmark clients send them)
-    top_k: int | None = None
+    top_k: int | None = Field(default=None, ge=-1, le=TOKEN_MAX, description="-1 or 0: off")
     min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(default=None, gt=0, le=100)
     ignore_eos: bool | None = None
-    min_tokens: int | None = Field(default=None, ge=0)
+    min_tokens: int | None = Field(default=None, ge=0, le=TOKEN_MAX)
     # SLO inputs
-    priority: int | None = Field(default=None, description="lower is served first (vLLM)")
+    priority: int | None = Field(
+        default=None, ge=INT64_MIN, le=INT64_MAX, description="lower is served first (vLLM)"
+    )
     slo: SloBody | None = None
     qoe: QoEBody | None = None
     request_class: Literal["rt", "be"] | None = None
@@ -124,10 +155,10 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     """``POST /v1/completions``."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
-    best_of: int | None = Field(default=None, ge=1)
+    prompt: str | list[TokenId] | list[str] | list[list[TokenId]]
+    best_of: int | None = Field(default=None, ge=1, le=128)
     echo: bool | None = None
-    logprobs: int | None = Field(default=None, ge=0)
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     suffix: str | None = None
 
     @field_validator("prompt")
@@ -135,32 +166,49 @@ class CompletionRequest(_Common):
     def _prompt(
         cls, v: str | list[int] | list[str] | list[list[int]]
     ) -> str | list[int] | list[str] | list[list[int]]:
-        if isinstance(v, list):
-            if not v or any(isinstance(x, list) and not x for x in v):
-                raise ValueError("a prompt must not be empty")
-            ids = [i for x in v if isinstance(x, list) for i in x] + [
-                x for x in v if isinstance(x, int)
-            ]
-            if any(i < 0 for i in ids):
-                raise ValueError("token ids must be >= 0")
+        if isinstance(v, list) and (not v or any(isinstance(x, list) and not x for x in v)):
+            raise ValueError("a prompt must not be empty")
         return v
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """One chat message; ``content`` may be null only on an assistant message with
+    ``tool_calls`` (or ``function_call``), as OpenAI's API has it."""
 
+    model_config = ConfigDict(extra="allow", **_STRICT)
+
+    # declared before content: its validator reads them
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    content: str | list[dict[str, Any]] | None = Field(default=None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _content(
+        cls, v: str | list[dict[str, Any]] | None, info: ValidationInfo
+    ) -> str | list[dict[str, Any]] | None:
+        if v is not None:
+            return v
+        role = info.data.get("role")
+        if role is None:  # the role itself is invalid: that error is the one to report
+            return v
+        if role != "assistant":
+            raise ValueError(f"a {role} message needs content (a string or a list of parts)")
+        if not info.data.get("tool_calls") and not info.data.get("function_call"):
+            raise ValueError("an assistant message needs content unless it has tool_calls")
+        return v
 
 
 class ChatCompletionRequest(_Common):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=TOKEN_MAX)
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0)
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -172,6 +220,25 @@ class ChatCompletionRequest(_Common):
 AnyRequest = CompletionRequest | ChatCompletionRequest
 
 SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-request-class")
+
+
+def request_bounds() -> dict[str, dict[str, tuple[Any, Any]]]:
+    """Every bounded numeric field of the request models: ``{model: {field: (low, high)}}``
+    (``None`` where a side is open; for the docs and the closing report)."""
+    out: dict[str, dict[str, tuple[Any, Any]]] = {}
+    for model in (CompletionRequest, ChatCompletionRequest, ChatMessage, StreamOptions,
+                  SloBody, QoEBody):  # fmt: skip
+        fields: dict[str, tuple[Any, Any]] = {}
+        for name, f in model.model_fields.items():
+            low = high = None
+            for m in f.metadata:
+                low = getattr(m, "ge", None) if getattr(m, "ge", None) is not None else low
+                low = getattr(m, "gt", None) if getattr(m, "gt", None) is not None else low
+                high = getattr(m, "le", None) if getattr(m, "le", None) is not None else high
+            if low is not None or high is not None:
+                fields[name] = (low, high)
+        out[model.__name__] = fields
+    return out
 
 
 def unsupported_params(body: AnyRequest) -> list[str]:

@@ -3,8 +3,10 @@
 The gateway owns what an engine cannot see across replicas: it **queues** requests and
 orders them (``fcfs``, ``priority``, ``edf``), **limits concurrency** per upstream (so the
 engines' own queues stay short and the gateway's ordering decides), **routes** with a
-:mod:`~sloserve.serve.routing` router, **admits** or rejects, **retries** failed sends, trips
-a per-upstream **circuit breaker** and **health-checks**. Each request is forwarded as a
+:mod:`~sloserve.cluster.routing` router (the simulated cluster's very objects; a
+:class:`~sloserve.cluster.routing.Hold` keeps the request in the gateway's queue),
+**admits** or rejects, **retries** failed sends, trips a per-upstream **circuit breaker**
+and **health-checks**. Each request is forwarded as a
 streaming request (``stream: true`` with usage), whatever the client asked: the API layer
 rebuilds a non-streaming answer from the chunks.
 
@@ -65,12 +67,10 @@ from sloserve.serve.backend import (
     FinishReason,
     GenerationRequest,
     ReplicaState,
-    Router,
     ServeError,
     TokenChunk,
 )
 from sloserve.serve.breaker import BreakerState, CircuitBreaker
-from sloserve.serve.routing import make_router
 from sloserve.serve.scrape import EngineLoad, parse_engine_load
 from sloserve.serve.upstream_config import UpstreamConfig
 from sloserve.serve.upstream_queue import GatewayQueue, _ewma, _Upstream, _Waiter
@@ -85,6 +85,7 @@ from sloserve.serve.upstream_wire import (
 if TYPE_CHECKING:
     import httpx
 
+    from sloserve.cluster.routing import Router
     from sloserve.costmodel.base import CostModel
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,9 @@ class OpenAIUpstreamBackend(GatewayQueue, Backend):
 
     def __init__(self, config: UpstreamConfig, router: Router | None = None) -> None:
         self.config = config
-        self.router = router or make_router(config.router, seed=config.seed)
+        from sloserve.cluster.routing import make_router
+
+        self.router = router or make_router(config.router, config.router_params, seed=config.seed)
         self._ups = [
             _Upstream(
                 url,
@@ -124,6 +127,8 @@ class OpenAIUpstreamBackend(GatewayQueue, Backend):
         self._idle = asyncio.Event()
         self.rejected: dict[str, int] = {}
         """Requests refused by reason (``queue_full``, ``deadline``, ``no_backend``…)."""
+        self.holds: dict[str, int] = {}
+        """Router holds by reason (the request stayed in the queue)."""
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sloserve.cluster.routing import check_router, router_names
 from sloserve.core.errors import ConfigError
-from sloserve.serve.routing import router_names
 
 QueueOrder = Literal["fcfs", "priority", "edf"]
 Admission = Literal["none", "queue", "slo"]
@@ -26,7 +26,9 @@ class UpstreamConfig(BaseModel):
     upstreams: tuple[str, ...] = Field(min_length=1)
     """Base URLs of OpenAI-compatible engines (``http://host:port``, without ``/v1``)."""
     router: str = "least-loaded"
-    """Router name (:func:`~sloserve.serve.routing.router_names`)."""
+    """Router name (:func:`~sloserve.cluster.routing.router_names`: the cluster's routers)."""
+    router_params: dict[str, Any] = Field(default_factory=dict)
+    """The router's parameters (e.g. ``max_outstanding`` of ``least-outstanding``)."""
     seed: int = 0
     """Seed of randomised routers (``power-of-two``)."""
     order: QueueOrder = "fcfs"
@@ -87,6 +89,14 @@ class UpstreamConfig(BaseModel):
         if v not in router_names():
             raise ValueError(f"unknown router {v!r}; choose one of: {', '.join(router_names())}")
         return v
+
+    @model_validator(mode="after")
+    def _router_params(self) -> UpstreamConfig:
+        try:
+            check_router(self.router, self.router_params)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return self
 
     @model_validator(mode="after")
     def _profile_exists(self) -> UpstreamConfig:

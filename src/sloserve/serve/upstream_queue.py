@@ -12,22 +12,24 @@ told in :mod:`sloserve.serve.upstream`'s docstring.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import heapq
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sloserve.cluster.routing import Hold, Router
+from sloserve.cluster.view import ReplicaStatus, RouteRequest
 from sloserve.core.request import RequestClass
 from sloserve.serve.backend import (
     GenerationRequest,
     ReplicaState,
-    Router,
     ServeError,
 )
 from sloserve.serve.breaker import BreakerPermit, BreakerState, CircuitBreaker
+from sloserve.serve.replica_view import GatewayReplica, pick
 from sloserve.serve.scrape import EngineLoad
 from sloserve.serve.upstream_config import UpstreamConfig
 
@@ -87,6 +89,7 @@ class GatewayQueue:
     config: UpstreamConfig
     router: Router
     rejected: dict[str, int]
+    holds: dict[str, int]
     _ups: list[_Upstream]
     _cost: CostModel | None
     _queue: list[_Waiter]
@@ -248,25 +251,40 @@ class GatewayQueue:
         return any(u.healthy and self._serves(u, req) for u in self._ups)
 
     def _pick(self, req: GenerationRequest, avoid: frozenset[int] = frozenset()) -> int | None:
-        """An upstream with a free slot for ``req`` by the router, or None."""
+        """An upstream with a free slot for ``req`` by the router, or None (none has one,
+        or the router holds the request: either way it waits in the gateway's queue)."""
         healthy_other = any(
             u.healthy and i not in avoid and self._serves(u, req) for i, u in enumerate(self._ups)
         )
-        states = [
-            dataclasses.replace(
+        views = [
+            GatewayReplica.of(
+                i,
                 self._state(u),
-                healthy=self._available(i)
-                and self._serves(u, req)
-                and not (healthy_other and i in avoid),
+                model=req.model,
+                status=(
+                    ReplicaStatus.FAILED
+                    if not u.healthy
+                    else ReplicaStatus.UP
+                    if self._available(i) and not (healthy_other and i in avoid)
+                    else ReplicaStatus.BUSY
+                ),
                 # This request's own prefill counts too (the SLO filter compares with its
                 # TTFT target).
-                predicted_ttft_s=(
-                    self._predict_ttft(u, req.prompt_tokens) if self._cost is not None else None
-                ),
+                predict=self._predictor(u),
             )
             for i, u in enumerate(self._ups)
+            if self._serves(u, req)
         ]
-        return self.router.pick(req, states)
+        d = pick(self.router, req, views)
+        if isinstance(d, Hold):
+            self.holds[d.reason] = self.holds.get(d.reason, 0) + 1
+            return None
+        return d
+
+    def _predictor(self, u: _Upstream) -> Callable[[RouteRequest], float | None] | None:
+        if self._cost is None:
+            return None  # the slo-aware router's queue estimate
+        return lambda r: self._predict_ttft(u, r.prompt_tokens)
 
     def _take(self, i: int, req: GenerationRequest) -> None:
         u = self._ups[i]

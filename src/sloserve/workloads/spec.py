@@ -57,13 +57,32 @@ class ClassRule(BaseModel):
 
 
 SloPreset = Literal["bros", "qlm", "none"]
+# The criticality classes (a choice; lower priority is served first): critical and
+# standard share the RT targets, standard one priority step below; sheddable gets looser
+# targets (TTFT 2 s, TPOT 0.5 s); batch has none (throughput only). Under ``qlm``: 30 s
+# deadlines for critical/standard, 60 s for sheddable, 300 s for batch.
+_CRIT = (RequestClass.CRITICAL, RequestClass.STANDARD, RequestClass.SHEDDABLE, RequestClass.BATCH)
 SLO_PRESETS: dict[str, dict[RequestClass, ClassRule]] = {
-    "bros": {RequestClass.RT: ClassRule(ttft_s=0.4, tpot_s=0.2), RequestClass.BE: ClassRule()},
+    "bros": {
+        RequestClass.RT: ClassRule(ttft_s=0.4, tpot_s=0.2),
+        RequestClass.BE: ClassRule(),
+        RequestClass.CRITICAL: ClassRule(ttft_s=0.4, tpot_s=0.2, priority=0),
+        RequestClass.STANDARD: ClassRule(ttft_s=0.4, tpot_s=0.2, priority=1),
+        RequestClass.SHEDDABLE: ClassRule(ttft_s=2.0, tpot_s=0.5, priority=2),
+        RequestClass.BATCH: ClassRule(priority=3),
+    },
     "qlm": {
         RequestClass.RT: ClassRule(deadline_s=30.0),
         RequestClass.BE: ClassRule(deadline_s=300.0),
+        RequestClass.CRITICAL: ClassRule(deadline_s=30.0, priority=0),
+        RequestClass.STANDARD: ClassRule(deadline_s=30.0, priority=1),
+        RequestClass.SHEDDABLE: ClassRule(deadline_s=60.0, priority=2),
+        RequestClass.BATCH: ClassRule(deadline_s=300.0, priority=3),
     },
-    "none": {RequestClass.RT: ClassRule(), RequestClass.BE: ClassRule()},
+    "none": {
+        **{c: ClassRule() for c in (RequestClass.RT, RequestClass.BE)},
+        **{c: ClassRule(priority=i) for i, c in enumerate(_CRIT)},
+    },
 }
 
 
@@ -229,6 +248,11 @@ class WorkloadSpec(BaseModel):
         description="class fractions, e.g. {rt: 0.8, be: 0.2}; default: the mix's class",
     )
     slo: SloPreset | dict[RequestClass, ClassRule] = Field(default="bros")
+    models: dict[str, float] | None = Field(
+        default=None,
+        description="model fractions, e.g. {llama-2-7b: 0.7, llama-2-70b: 0.3}: each "
+        "request's model is drawn (seeded); overrides a trace's model column",
+    )
     qoe: QoERule = Field(default_factory=QoERule)
     batch_jobs: BatchJobs | None = None
     seed: int = 0
@@ -242,6 +266,9 @@ class WorkloadSpec(BaseModel):
         fractions = list((self.classes or {}).values())
         if self.classes is not None and (any(v < 0 for v in fractions) or sum(fractions) <= 0):
             raise ValueError("class fractions must be >= 0 and not all 0")
+        mfrac = list((self.models or {}).values())
+        if self.models is not None and (any(v < 0 for v in mfrac) or sum(mfrac) <= 0):
+            raise ValueError("model fractions must be >= 0 and not all 0")
         if (
             self.batch_jobs is not None
             and self.batch_jobs.num_batches is None
@@ -277,11 +304,13 @@ class _Rngs:
     """One independent generator per component of a workload."""
 
     def __init__(self, seed: int) -> None:
-        seqs = np.random.SeedSequence(seed).spawn(7)
+        # Children are indexed: adding one (model) leaves the others' draws unchanged.
+        seqs = np.random.SeedSequence(seed).spawn(8)
         gens = [np.random.default_rng(s) for s in seqs]
         self.arrival, self.prompt, self.output, self.klass, self.speed, self.sample, self.batch = (
-            gens
+            gens[:7]
         )
+        self.model = gens[7]
 
 
 def batch_rng(seed: int) -> np.random.Generator:
@@ -295,6 +324,21 @@ def build_requests(spec: WorkloadSpec, *, max_context: int | None = None) -> lis
 
 
 def build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Workload:
+    """Generate (or replay) the requests of ``spec``; with ``models`` set, each request's
+    model is then drawn from those fractions (its own seeded generator)."""
+    wl = _build_workload(spec, max_context=max_context)
+    if spec.models is not None and wl.requests:
+        names = list(spec.models)
+        probs = np.array([spec.models[m] for m in names], dtype=np.float64)
+        picks = _Rngs(spec.seed).model.choice(
+            len(names), size=len(wl.requests), p=probs / probs.sum()
+        )
+        for r, i in zip(wl.requests, picks, strict=True):
+            r.model = names[i]
+    return wl
+
+
+def _build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Workload:
     """Generate (or replay) the requests of ``spec``.
 
     ``max_context`` (e.g. the model's context window) clips *sampled* lengths when the spec

@@ -1,0 +1,161 @@
+"""Validation of a policy's output against the instance's limits, before anything changes.
+
+The engine trusts no policy: every :class:`SchedulerOutput` is checked for evictions of
+requests that are not running here, requests scheduled twice or in the wrong state, token
+counts outside 1..remaining, the token budgets C and P, R_max, and the KV memory M and the
+CPU swap tier it would need. A violation raises
+:class:`~sloserve.core.errors.SchedulerViolation` naming the policy and the limit, and
+leaves the instance untouched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sloserve.core.request import RequestStatus
+from sloserve.engine.interface import PreemptionMode, SchedulerOutput
+from sloserve.engine.kv import KVOp
+
+if TYPE_CHECKING:
+    from sloserve.engine.instance import Instance
+
+_QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
+
+
+def check_evictions(inst: Instance, out: SchedulerOutput) -> tuple[set[int], set[int]]:
+    """Validate ``preempt`` and ``swap_in``; returns their request ids."""
+    me = inst.instance_id
+    preempted: set[int] = set()
+    for r, _mode in out.preempt:
+        if r.status is not RequestStatus.RUNNING or r.instance_id != me:
+            raise inst._violation(
+                "preempt", f"request {r.req_id} is {r.status.name}, not RUNNING here"
+            )
+        if r.req_id in preempted:
+            raise inst._violation("preempt", f"request {r.req_id} preempted twice")
+        preempted.add(r.req_id)
+    swapping: set[int] = set()
+    for r in out.swap_in:
+        if r.status is not RequestStatus.PREEMPTED_SWAPPED or r.instance_id != me:
+            raise inst._violation(
+                "swap_in", f"request {r.req_id} is {r.status.name}, not swapped here"
+            )
+        if r.req_id in swapping:
+            raise inst._violation("swap_in", f"request {r.req_id} swapped in twice")
+        swapping.add(r.req_id)
+    return preempted, swapping
+
+
+def check_batch(
+    inst: Instance, out: SchedulerOutput, preempted: set[int], swapping: set[int]
+) -> tuple[int, int, int]:
+    """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
+
+    Runs before anything is mutated, so a violation leaves the instance untouched.
+    """
+    lim = inst.limits
+    me = inst.instance_id
+    RUNNING = RequestStatus.RUNNING
+    seen: set[int] = set()
+    tokens = prefill = admitted = 0
+    for r, n in out.batch:
+        rid = r.req_id
+        if rid in seen:
+            raise inst._violation("batch", f"request {rid} appears twice")
+        seen.add(rid)
+        st = r.status
+        if r.instance_id != me:
+            raise inst._violation("batch", f"request {rid} belongs to another instance")
+        if st is RUNNING:
+            if rid in preempted:
+                raise inst._violation("batch", f"request {rid} is both preempted and scheduled")
+        elif st in _QUEUED:
+            admitted += 1
+        elif st is RequestStatus.PREEMPTED_SWAPPED:
+            if rid not in swapping:
+                raise inst._violation("batch", f"request {rid} is swapped out and not swapped in")
+        else:
+            raise inst._violation("batch", f"request {rid} is {st.name}")
+        n_out = r.num_output_tokens
+        remaining = r.num_prompt_tokens + n_out - r.num_computed_tokens
+        if n < 1 or n > remaining:
+            raise inst._violation(
+                "batch", f"request {rid} given {n} tokens, must be 1..{remaining}"
+            )
+        tokens += n
+        if n_out == 0 or remaining > 1:
+            prefill += n
+    if tokens > lim.max_batch_tokens:
+        raise inst._violation("C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}")
+    if prefill > lim.max_prefill_tokens:
+        raise inst._violation(
+            "P (max prefill tokens)", f"{prefill} prefill tokens > P={lim.max_prefill_tokens}"
+        )
+    running_after = len(inst.running) - len(preempted) + len(swapping) + admitted
+    if running_after > lim.max_running:
+        raise inst._violation(
+            "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
+        )
+    check_memory(inst, out, swapping)
+    return tokens, prefill, admitted
+
+
+def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> None:
+    """M and the CPU tier: everything the output allocates must fit, before any change."""
+    kv = inst.kv
+    if kv.exact_fit:
+        # Order-exact, CPU tier included (a block count would misjudge shared blocks,
+        # and BROS's CPU tier holds slots, not whole blocks).
+        err = kv.dry_run(kv_ops(out))
+        if err is not None:
+            limit = "CPU swap capacity" if "CPU" in err else "M (KV capacity)"
+            raise inst._violation(limit, f"the batch does not fit: {err}")
+        return
+    bs = inst.limits.block_size
+    freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
+    to_cpu = sum(
+        kv.num_request_blocks(r.req_id) for r, m in out.preempt if m is PreemptionMode.SWAP
+    )
+    cpu = getattr(kv, "cpu", None)
+    if to_cpu and (cpu is None or to_cpu > cpu.free_blocks):
+        raise inst._violation(
+            "CPU swap capacity",
+            f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
+        )
+    decode_ids: list[int] = []
+    need = 0
+    scheduled_swaps: set[int] = set()
+    for r, n in out.batch:
+        rid = r.req_id
+        if rid in swapping:
+            scheduled_swaps.add(rid)
+            need += -(-(r.num_computed_tokens + n) // bs)
+        elif n == 1 and r.num_output_tokens and r.remaining_compute == 1:
+            decode_ids.append(rid)
+        else:
+            need += kv.blocks_needed(rid, n)
+    need += kv.decode_blocks_needed(decode_ids)
+    need += sum(
+        kv.swap_in_blocks_needed(r.req_id) for r in out.swap_in if r.req_id not in scheduled_swaps
+    )
+    free = kv.num_free_blocks + freed
+    if need > free:
+        raise inst._violation(
+            "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"
+        )
+
+
+def kv_ops(out: SchedulerOutput) -> list[KVOp]:
+    """The KV operations of ``out`` in the order :meth:`Instance._apply` performs them."""
+    ops: list[KVOp] = [
+        ("swap_out" if m is PreemptionMode.SWAP else "free", r.req_id, 0) for r, m in out.preempt
+    ]
+    ops.extend(("swap_in", r.req_id, 0) for r in out.swap_in)
+    decodes: list[KVOp] = []
+    for r, n in out.batch:
+        if r.num_output_tokens and r.remaining_compute == 1:
+            decodes.append(("grow", r.req_id, 1))
+        else:
+            ops.append(("grow", r.req_id, n))
+    ops.extend(decodes)
+    return ops

@@ -1,0 +1,156 @@
+"""The engine's fast path: a repeatable batch advanced ``k`` iterations at once.
+
+When the policy marks a decode-only (or non-final-chunk) batch ``repeatable``, the
+instance runs it up to the next event that can change it (an arrival, a request finishing,
+a KV block it could not allocate, :attr:`Instance.next_event`) in one step, pricing all
+those iterations with one vectorised cost-model call. The result is the same as stepping
+one iteration at a time (``multi_step=False``; tests compare the two): iteration end times
+are accumulated one by one, the run stops in the iteration during which the next event
+falls, and a prefix of a longer run prices exactly as the shorter run.
+
+:func:`plan_run` decides ``k`` (or None: step normally) without changing anything;
+:func:`apply_run` validates the batch against C and P, grows the KV cache for all ``k``
+iterations and records the run (the instance delivers its tokens when it ends).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from sloserve.core.request import Request, RequestStatus
+from sloserve.costmodel.base import BatchStats
+from sloserve.engine.interface import SchedulerOutput
+
+if TYPE_CHECKING:
+    from sloserve.engine.instance import Instance, _Pending
+
+MAX_FAST_STEPS = 1 << 14
+FIRST_LOOK = 64
+"""Iterations priced first when looking for the next event (then all, if it is further)."""
+
+
+def accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64]:
+    """End times of back-to-back iterations, added one by one exactly as single steps
+    would (``now + d0``, then ``+ d1``...), so that the fast path never reorders an
+    iteration end and an event that fall at the same instant."""
+    return np.cumsum(np.concatenate(([now], durations)))[1:]
+
+
+@dataclass
+class Run:
+    """A repeatable batch the fast path will advance ``k`` iterations at once."""
+
+    k: int
+    stats: BatchStats
+    work_step: int
+    decode_ids: list[int]
+    prefills: list[tuple[Request, int]]
+    durations: NDArray[np.float64] | None = None
+    """The first >= k iteration times, when the next event was looked up (a prefix of a
+    longer run prices exactly as the shorter run: each step is priced on its own)."""
+    ends: NDArray[np.float64] | None = None
+
+
+def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
+    """How many identical iterations a repeatable batch may run; None: step normally."""
+    me = inst.instance_id
+    RUNNING = RequestStatus.RUNNING
+    decode_ids: list[int] = []
+    prefills: list[tuple[Request, int]] = []
+    ctx = 0
+    k = MAX_FAST_STEPS if inst.multi_step else 1
+    pf_tokens = work = work_step = 0
+    for r, n in out.batch:
+        n_out = r.num_output_tokens
+        computed = r.num_computed_tokens
+        remaining = r.num_prompt_tokens + n_out - computed
+        if r.status is not RUNNING or r.instance_id != me:
+            raise inst._violation("repeatable", f"request {r.req_id} is not running here")
+        if n_out and remaining == 1 and n == 1:
+            decode_ids.append(r.req_id)
+            ctx += computed
+            left = r.true_output_len - n_out
+        elif 1 <= n < remaining:
+            prefills.append((r, n))
+            pf_tokens += n
+            work += n * (n + computed)
+            work_step += n * n
+            left = (remaining - 1) // n  # iterations before its final chunk
+        else:
+            raise inst._violation(
+                "repeatable",
+                f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
+            )
+        if left < k:
+            k = left
+    if k <= 1:
+        return None
+    stats = BatchStats(
+        num_prefill_tokens=pf_tokens,
+        num_prefill_seqs=len(prefills),
+        prefill_attn_work=work,
+        num_decode=len(decode_ids),
+        decode_context_sum=ctx,
+    )
+    t_next = inst.next_event()
+    durs = ends = None
+    if t_next != math.inf:
+        run_times = inst.cost_model.run_times
+        # Price a short prefix first: the next event is usually a few iterations away.
+        durs = run_times(stats, min(k, FIRST_LOOK), work_step)
+        ends = accumulate(now, durs)
+        if durs.size < k and ends[-1] < t_next:
+            durs = run_times(stats, k, work_step)
+            ends = accumulate(now, durs)
+        # The iteration during which the next event happens is the last one we run.
+        k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
+        if k <= 1:
+            return None
+    kv = inst.kv
+    reserve = out.repeat_reserve_blocks
+    k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
+    while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
+        k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
+    if k <= 1:
+        return None
+    return Run(k, stats, work_step, decode_ids, prefills, durs, ends)
+
+
+def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pending:
+    """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
+    stats = run.stats
+    if len(out.batch) != len({r.req_id for r, _n in out.batch}):
+        raise inst._violation("batch", "a request appears twice")
+    lim = inst.limits
+    if stats.total_tokens > lim.max_batch_tokens:
+        raise inst._violation(
+            "C (max batch tokens)", f"{stats.total_tokens} tokens > C={lim.max_batch_tokens}"
+        )
+    if stats.num_prefill_tokens > lim.max_prefill_tokens:
+        raise inst._violation(
+            "P (max prefill tokens)",
+            f"{stats.num_prefill_tokens} prefill tokens > P={lim.max_prefill_tokens}",
+        )
+    kv = inst.kv
+    k = run.k
+    kv_before = kv.num_used_blocks
+    ok = kv.grow_many(run.decode_ids, k)
+    for r, n in run.prefills:
+        ok = ok and kv.allocate(r.req_id, k * n) is not None
+    if not ok:  # plan_run checked this; a failure here is an engine bug
+        raise inst._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
+    if run.durations is not None and run.ends is not None:
+        durs, ends_arr = run.durations, run.ends[:k]
+    else:
+        durs = inst.cost_model.run_times(stats, k, run.work_step)
+        ends_arr = accumulate(now, durs)
+    if not durs[0] > 0:
+        raise inst._violation(
+            "batch", f"cost model {inst.cost_model.name!r} priced the batch at {durs[0]}s"
+        )
+    return inst._record(out.batch, ends_arr.tolist(), stats.total_tokens, now, kv_before, fast=True)
