@@ -30,6 +30,11 @@ arrival times): mean TTFT and TPOT of both and their relative difference; the li
 scheduling overhead is the mean extra TTFT (live − simulated), in milliseconds.
 
     python benchmarks/serve_load.py load [--streams 1000] [--max-tokens 128] [--workers N]
+    python benchmarks/serve_load.py load --result-format vllm --result-file res.json
+
+With ``--result-format vllm`` the load mode also writes the HTTP run as the JSON
+``vllm bench serve --save-result`` writes (client-side times: send, each SSE chunk), to
+``--result-file`` (default ``serve_load_vllm.json``).
     python benchmarks/serve_load.py agreement [--num-requests 200] [--rate 4]
 """
 
@@ -316,7 +321,7 @@ async def _stream_one(port: int, body: bytes) -> tuple[str | None, list[float], 
 
 
 async def _http_client(
-    args: argparse.Namespace, port: int
+    args: argparse.Namespace, port: int, sent: dict[str, float] | None = None
 ) -> tuple[dict[str, list[float]], int, float]:
     def body(i: int) -> bytes:
         # `user` tags the stream: the engine's process keys its emit times by it (a proxy
@@ -333,6 +338,7 @@ async def _http_client(
     async def one(i: int) -> None:
         nonlocal errors
         await asyncio.sleep(max(0.0, t0 + i * args.ramp / args.streams - time.monotonic()))
+        at = time.monotonic()
         try:
             rid, times, status = await _stream_one(port, body(i))
         except Exception:
@@ -342,6 +348,8 @@ async def _http_client(
             errors += 1
         if rid is not None:
             received[f"stream-{i}"] = times
+            if sent is not None:
+                sent[f"stream-{i}"] = at
 
     await asyncio.gather(*(one(i) for i in range(args.streams)))
     return received, errors, t0
@@ -389,7 +397,9 @@ def _http(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(1.0)  # uvicorn listening
         proxy = _start_proxy(args, port) if args.workers else None
         cpu, sys_s = _cpu_s(), _sys_s()
-        received, errors, t0 = _run(_http_client(args, proxy[1] if proxy else port))
+        sent: dict[str, float] = {}
+        received, errors, t0 = _run(_http_client(args, proxy[1] if proxy else port, sent))
+        wall = time.monotonic() - t0
         client_cpu, client_sys = _cpu_s() - cpu, _sys_s() - sys_s
         if proxy is not None:
             proxy[0].send_signal(signal.SIGTERM)
@@ -407,7 +417,42 @@ def _http(args: argparse.Namespace) -> dict[str, Any]:
     res["client_cpu_s"] = client_cpu
     res["client_sys_s"] = client_sys
     res["server_cpu_us_per_chunk"] = data["cpu_s"] / max(1, res["chunks"]) * 1e6
+    if args.result_format == "vllm":
+        _write_vllm(args, sent, received, errors, wall)
     return res
+
+
+def _write_vllm(
+    args: argparse.Namespace,
+    sent: dict[str, float],
+    received: dict[str, list[float]],
+    errors: int,
+    wall: float,
+) -> None:
+    """The HTTP run as ``vllm bench serve --save-result`` JSON (client-side clock)."""
+    import datetime
+
+    from sloserve.experiments.vllm_result import vllm_metrics
+
+    ok = [r for r in sent if len(received.get(r, [])) == args.max_tokens]
+    records = [(sent[r], np.asarray(received[r]), args.prompt) for r in sorted(ok)]
+    doc: dict[str, Any] = {
+        "date": datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": "openai",
+        "backend": "openai",
+        "label": "sloserve-gateway",
+        "model_id": MODEL,
+        "tokenizer_id": None,
+        "num_prompts": args.streams,
+        "request_rate": args.streams / args.ramp if args.ramp > 0 else "inf",
+        "burstiness": 1.0,
+        "max_concurrency": None,
+        "profile": args.profile,
+        "policy": args.policy,
+    }
+    doc.update(vllm_metrics(records, failed=args.streams - len(records), duration=wall))
+    Path(args.result_file).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"vLLM-format result written to {args.result_file}", file=sys.stderr)
 
 
 def load(args: argparse.Namespace) -> None:
@@ -490,6 +535,8 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=200)
     p.add_argument("--rate", type=float, default=4.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--result-format", choices=["sloserve", "vllm"], default="sloserve")
+    p.add_argument("--result-file", default="serve_load_vllm.json")
     p.add_argument(
         "--workers", type=int, default=0,
         help="0: the client talks to the engine's gateway; N: through `sloserve serve "

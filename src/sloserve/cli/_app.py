@@ -83,7 +83,9 @@ TraceOpt = Annotated[
 TraceFormatOpt = Annotated[
     str | None,
     typer.Option(
-        "--trace-format", help="Trace format: sloserve, azure, burstgpt, sharegpt, table."
+        "--trace-format",
+        help="Trace format: sloserve, azure, burstgpt, mooncake, sharegpt, table "
+        "(default: detected from the file's header).",
     ),
 ]
 TraceUseOpt = Annotated[

@@ -50,6 +50,46 @@ def _summary_table(results: dict[str, Any], title: str, label: str = "policy") -
     return table
 
 
+ResultFormatOpt = Annotated[
+    str,
+    typer.Option(
+        "--result-format",
+        metavar="sloserve|vllm",
+        help="--json output (and --out's result file): sloserve's summary, or the JSON "
+        "`vllm bench serve --save-result` writes (one object per line for several runs).",
+    ),
+]
+ChromeTraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--chrome-trace",
+        metavar="FILE.json",
+        help="Write a Perfetto / chrome://tracing trace (several runs: one file each, "
+        "the run's name before the suffix).",
+    ),
+]
+
+
+def _extra_outputs(
+    results: dict[str, Any], result_format: str, chrome: Path | None, out: Path | None
+) -> str | None:
+    """--chrome-trace files, and the vLLM result text when --result-format vllm."""
+    if result_format not in ("sloserve", "vllm"):
+        raise SloserveError(f"--result-format: unknown {result_format!r}; valid: sloserve, vllm")
+    if chrome is not None:
+        from sloserve.experiments.chrome_trace import write_chrome_traces
+
+        write_chrome_traces(results, chrome)
+    if result_format != "vllm":
+        return None
+    from sloserve.experiments.vllm_result import vllm_results_text
+
+    text = vllm_results_text(results)
+    if out is not None:
+        (out / "vllm_result.json").write_text(text)
+    return text
+
+
 @app.command()
 @_with_flags(*_WORKLOAD_FLAGS, *_INSTANCE_FLAGS)
 def simulate(
@@ -61,6 +101,8 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON summary only.")] = False,
     replicas: ReplicasOpt = None,
     router: RouterOpt = None,
+    result_format: ResultFormatOpt = "sloserve",
+    chrome_trace: ChromeTraceOpt = None,
     trace_decisions: TraceDecisionsOpt = False,
     *,
     flags: dict[str, Any],
@@ -94,6 +136,10 @@ def simulate(
     name = str(result.summary.get("policy") or cfg.policy)
     if out is not None:
         write_report({name: result}, out)
+    vllm_text = _extra_outputs({name: result}, result_format, chrome_trace, out)
+    if vllm_text is not None:  # the vLLM JSON replaces the table (as --json would)
+        sys.stdout.write(vllm_text)
+        return
     if as_json:
         sys.stdout.write(json.dumps(jsonable(result.summary), indent=2) + "\n")
         return
@@ -170,6 +216,8 @@ def _compare(
     replicas: int | None = None,
     router: str | None = None,
     routers: str | None = None,
+    result_format: str = "sloserve",
+    chrome_trace: Path | None = None,
     trace_decisions: bool = False,
 ) -> None:
     from sloserve.experiments.report import jsonable, write_report
@@ -201,6 +249,10 @@ def _compare(
             results = _compare_cluster(cfg, cluster, names, router_list)
     if out is not None:
         write_report(results, out)
+    vllm_text = _extra_outputs(results, result_format, chrome_trace, out)
+    if vllm_text is not None:  # the vLLM JSON replaces the table (as --json would)
+        sys.stdout.write(vllm_text)
+        return
     if as_json:
         sys.stdout.write(
             json.dumps(jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
@@ -282,13 +334,28 @@ def compare(
             help="Comma-separated cluster routers to compare (each with every policy).",
         ),
     ] = None,
+    result_format: ResultFormatOpt = "sloserve",
+    chrome_trace: ChromeTraceOpt = None,
     trace_decisions: TraceDecisionsOpt = False,
     *,
     flags: dict[str, Any],
 ) -> None:
     """Compare policies (or cluster routers) on the very same requests; print a table,
     optionally write a report."""
-    _compare({}, config, flags, policies, out, as_json, replicas, router, routers, trace_decisions)
+    _compare(
+        {},
+        config,
+        flags,
+        policies,
+        out,
+        as_json,
+        replicas,
+        router,
+        routers,
+        result_format,
+        chrome_trace,
+        trace_decisions,
+    )
 
 
 @app.command()

@@ -97,17 +97,40 @@ def workload_describe(
 @workload_app.command("export")
 @_with_flags(*_WORKLOAD_FLAGS, "profile")
 def workload_export(
-    out: Annotated[Path, typer.Option("--out", help="CSV file to write (sloserve trace format).")],
+    out: Annotated[Path, typer.Option("--out", help="File to write.")],
     config: ConfigOpt = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            metavar="sloserve|vllm-jsonl",
+            help="sloserve: trace CSV (replay it exactly with --trace); vllm-jsonl: the "
+            "custom dataset `vllm bench serve --dataset-name custom` replays.",
+        ),
+    ] = "sloserve",
     *,
     flags: dict[str, Any],
 ) -> None:
-    """Write a workload as a trace CSV, to replay it exactly later (--trace FILE)."""
+    """Write a workload as a trace CSV (replay it exactly later with --trace FILE), or as a
+    `vllm bench serve` custom dataset (--format vllm-jsonl)."""
+    from sloserve.core.errors import ConfigError
     from sloserve.workloads.describe import export_trace
+    from sloserve.workloads.vllm_export import export_vllm_jsonl
 
+    if fmt not in ("sloserve", "vllm-jsonl"):
+        raise ConfigError(f"--format: unknown export format {fmt!r}; valid: sloserve, vllm-jsonl")
     wl = _workload_from_flags(config, flags)
-    export_trace(wl.requests, out)
-    console.print(f"{len(wl.requests)} requests written to {out}")
+    if fmt == "vllm-jsonl":
+        export_vllm_jsonl(wl.requests, out)
+        console.print(
+            f"{len(wl.requests)} requests written to {out}; replay with: vllm bench serve "
+            f"--dataset-name custom --dataset-path {out} --custom-output-len -1 "
+            "--ignore-eos --skip-chat-template --disable-shuffle",
+            highlight=False,
+        )
+    else:
+        export_trace(wl.requests, out)
+        console.print(f"{len(wl.requests)} requests written to {out}")
     if wl.batch_jobs is not None:
         console.print(
             "[yellow]closed-loop batch jobs depend on the server and are not in the file[/yellow]"

@@ -138,6 +138,9 @@ class Request:
     qoe: QoESpec | None = None
     max_tokens: int | None = None
     """The client's cap on output tokens, if known (what a real engine would see)."""
+    hash_ids: tuple[int, ...] | None = None
+    """Ids of the prompt's 512-token blocks, from a Mooncake-style trace (equal ids: equal
+    prefix blocks). Kept for prefix caching; the engine does not use them yet."""
 
     status: RequestStatus = RequestStatus.WAITING
     num_output_tokens: int = 0
@@ -156,6 +159,9 @@ class Request:
     """Delivery times of the tokens the client received before a replica failure (empty
     unless the request failed over); they are not delivered twice."""
     num_failovers: int = 0
+    transitions: list[tuple[float, int, int]] = field(default_factory=list)
+    """Every state change as ``(time, new status, instance id)``: the request's timeline
+    (queued, running, preempted, swapped, failed over) for traces such as Perfetto's."""
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 1:
@@ -205,6 +211,7 @@ class Request:
             )
         self.status = to
         self.status_time = now
+        self.transitions.append((now, int(to), self.instance_id))
 
     def start(self, now: float) -> None:
         """WAITING | PREEMPTED_RECOMPUTE -> RUNNING (admitted to the KV cache)."""

@@ -4,7 +4,8 @@ Layout of ``out/``: ``requests.parquet`` (one row per request and policy),
 ``trace.parquet`` (one row per scheduling decision and policy), ``summary.json``
 (policy -> summary), ``config.json``, and PNG plots ``cdf_ttft.png``, ``cdf_tpot.png``,
 ``cdf_qoe.png`` and ``timeline.png`` (running / waiting requests and KV usage over time,
-as Andes' Figure 3).
+as Andes' Figure 3), and ``report.html`` (the same as one self-contained interactive page:
+:mod:`sloserve.experiments.html_report`).
 """
 
 from __future__ import annotations
@@ -109,6 +110,9 @@ def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bo
     )
     if plots:
         plot_report(results, out_dir)
+        from sloserve.experiments.html_report import write_html_report
+
+        write_html_report(results, out_dir)
     return out_dir
 
 

@@ -139,6 +139,7 @@ def fresh(requests: Sequence[Request]) -> list[Request]:
             slo=r.slo,
             qoe=r.qoe,
             max_tokens=r.max_tokens,
+            hash_ids=r.hash_ids,
         )
         for r in requests
     ]

@@ -21,6 +21,10 @@ Formats:
   "Multi-Round ShareGPT"), or the turn alone with ``sharegpt_history=False``. Token counts
   come from a local tokenizer file when one is given (``tokenizers`` package), else from
   the approximation 1.3 tokens per word that Andes uses; the notes say which.
+* ``mooncake``: Mooncake's JSONL (``timestamp`` in ms, ``input_length``, ``output_length``,
+  optional ``hash_ids``; see :mod:`sloserve.workloads.mooncake`).
+* ``auto`` (the default): the format is detected from the file's header or first line
+  (:mod:`sloserve.workloads.detect`) and a note names it (except for sloserve's own CSV).
 * ``table``: any CSV, JSONL or parquet file with arrival and length columns named by the
   caller (``columns``); arrival times may be seconds or timestamps.
 
@@ -45,7 +49,7 @@ from sloserve.core.bounds import Index, Time, Tokens, bound_text, first_violatio
 from sloserve.core.errors import WorkloadError
 from sloserve.workloads.trace import COLUMN_BOUNDS
 
-TraceFormat = Literal["sloserve", "azure", "burstgpt", "sharegpt", "table"]
+TraceFormat = Literal["auto", "sloserve", "azure", "burstgpt", "mooncake", "sharegpt", "table"]
 TOKENS_PER_WORD = 1.3  # Andes' approximation ("one word as 1.3 tokens on average")
 
 
@@ -158,6 +162,9 @@ def _order(t: TraceTable, path: Path, lines: np.ndarray, strict: bool, column: s
             f"at most {bound_text(Time)}"
         )
     return t
+
+
+order_arrivals = _order  # for the loaders in their own modules (mooncake)
 
 
 def _timestamps(raw: pd.Series, path: Path, col: str, line_offset: int = 2) -> np.ndarray:
@@ -506,6 +513,24 @@ def load_trace(
     sharegpt_history: bool = True,
 ) -> TraceTable:
     """Load a trace of any supported format (see the module docstring)."""
+    if fmt == "auto":
+        if path is None:
+            raise WorkloadError("a trace needs a file (or trace_format: sharegpt)")
+        from sloserve.workloads.detect import detect_format
+
+        found = detect_format(path)
+        t = load_trace(
+            path,
+            found,  # type: ignore[arg-type]
+            strict=strict,
+            columns=columns,
+            drop_failures=drop_failures,
+            tokenizer=tokenizer,
+            sharegpt_history=sharegpt_history,
+        )
+        if found != "sloserve":  # sloserve's own CSV was the default before detection: no news
+            t.notes.insert(0, f"trace format detected: {found} (--trace-format overrides)")
+        return t
     if fmt == "sharegpt":
         return load_sharegpt(path, tokenizer=tokenizer, history=sharegpt_history)
     if path is None:
@@ -518,6 +543,11 @@ def load_trace(
         return load_table(path, columns or {}, strict=strict)
     if fmt == "sloserve":
         return load_sloserve(path)
+    if fmt == "mooncake":
+        from sloserve.workloads.mooncake import load_mooncake
+
+        return load_mooncake(path, strict=strict)
     raise WorkloadError(
-        f"unknown trace format {fmt!r}; valid: azure, burstgpt, sharegpt, table, sloserve"
+        f"unknown trace format {fmt!r}; valid: azure, burstgpt, mooncake, sharegpt, table, "
+        "sloserve, auto"
     )

@@ -234,7 +234,9 @@ class WorkloadSpec(BaseModel):
 
     mix: str = Field(default="sharegpt", description="named length mix (ignored when replaying)")
     trace: str | None = Field(default=None, description="trace file (ShareGPT: optional)")
-    trace_format: TraceFormat = "sloserve"
+    trace_format: TraceFormat = Field(
+        default="auto", description="trace format; auto: detected from the file's header"
+    )
     trace_use: Literal["replay", "lengths"] = Field(
         default="replay", description="replay the trace, or draw lengths from it"
     )
@@ -548,6 +550,7 @@ def _from_table(
         cols.get(k, no_col)
         for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
     )
+    hashes = df["hash_ids"].tolist() if "hash_ids" in df.columns else [None] * n
 
     def pick(v: float, default: float | None) -> float | None:
         return default if v != v else v  # v != v: NaN, an empty cell
@@ -577,6 +580,7 @@ def _from_table(
                         pick(qoe_ttft[i], spec.qoe.ttft(p)) or 0.0,
                         pick(qoe_speed[i], speed) or speed,
                     ),
+                    hash_ids=hashes[i],
                 )
             )
         except ValueError as e:
