@@ -425,3 +425,75 @@ def test_command_only_options_refuse_out_of_bound_values(
 ) -> None:
     proc = run_main(monkeypatch, capsys, *args)
     assert_user_error(proc, args[-2])
+
+
+def _cluster_leaves() -> list[tuple[tuple[Any, ...], Leaf]]:
+    """Numeric leaves of a cluster section, including those inside its lists (a replica
+    group, a failure, a drain): (where the leaf's model sits in the config, leaf)."""
+    from sloserve.cluster.config import ClusterConfig, Drain, Failure, ReplicaGroup
+
+    out: list[tuple[tuple[Any, ...], Leaf]] = [(("cluster",), lf) for lf in _walk(ClusterConfig)]
+    out += [(("cluster", "replicas", 0), lf) for lf in _walk(ReplicaGroup)]
+    out += [(("cluster", "failures", 0), lf) for lf in _walk(Failure)]
+    out += [(("cluster", "drains", 0), lf) for lf in _walk(Drain)]
+    return out
+
+
+CLUSTER_LEAVES = _cluster_leaves()
+
+
+def test_cluster_leaves_are_found_and_bounded() -> None:
+    names = {".".join(map(str, (*where, *lf[0]))) for where, lf in CLUSTER_LEAVES}
+    for must in ("cluster.replicas.0.count", "cluster.failures.0.at_s", "cluster.drains.0.at_s"):
+        assert must in names, must
+    unbounded = [
+        ".".join(map(str, (*where, *lf[0])))
+        for where, lf in CLUSTER_LEAVES
+        if "x ≤" not in constraint_text(lf[2]) and "x <" not in constraint_text(lf[2])
+    ]
+    assert unbounded == [], unbounded
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(leaf=st.sampled_from(CLUSTER_LEAVES), value=HOSTILE)
+def test_any_value_of_any_numeric_cluster_field_is_a_run_or_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path_factory: pytest.TempPathFactory,
+    leaf: tuple[tuple[Any, ...], Leaf],
+    value: Any,
+) -> None:
+    where, (path, tags, _) = leaf
+    cfg: dict[str, Any] = {
+        "workload": {"duration_s": 1.0, "num_requests": 3},
+        "instance": {"cost_model": "constant:0.01"},
+        "cluster": {
+            "replicas": [{"count": 2}],
+            "failures": [{"replica": 0, "at_s": 0.5}],
+            "drains": [{"replica": 1, "at_s": 0.7}],
+        },
+    }
+    node: Any = cfg
+    for key in where:
+        node = node[key]
+    for i in range(len(path) - 1):
+        nxt = node.get(path[i])
+        if not isinstance(nxt, dict):
+            nxt = {}
+        node[path[i]] = nxt
+        node = nxt
+        kind = tags.get(path[: i + 1])
+        if kind is not None and node.get("kind") != kind:
+            node.clear()
+            node["kind"] = kind
+    node[path[-1]] = value
+    f = tmp_path_factory.mktemp("prop") / "c.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    proc = run_main(monkeypatch, capsys, "simulate", "--config", str(f), "--json")
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if proc.returncode != 0:
+        assert_user_error(proc)

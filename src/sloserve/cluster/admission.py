@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sloserve.core.bounds import MAX_COUNT, Rate
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
 
@@ -131,10 +132,19 @@ class AdmissionConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["always", "token-bucket", "shed"] = "always"
-    rate: float | None = Field(default=None, gt=0, description="token-bucket: requests/s")
-    burst: float | None = Field(default=None, ge=1, description="token-bucket: bucket size")
+    rate: Rate | None = Field(default=None, description="token-bucket: requests/s")
+    burst: float | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        allow_inf_nan=False,
+        description="token-bucket: bucket size",
+    )
     max_live: int | None = Field(
-        default=None, ge=1, description="shed: requests the cluster may hold before shedding"
+        default=None,
+        ge=1,
+        le=MAX_COUNT,
+        description="shed: requests the cluster may hold before shedding",
     )
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloserve.cluster.view import ClusterView, ReplicaStatus
+from sloserve.core.bounds import MAX_COUNT, Seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,12 +102,12 @@ class AutoscalerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    group: int = Field(default=0, ge=0, description="the replica group it scales")
-    min: int = Field(default=1, ge=1, description="fewest replicas of the group")
+    group: int = Field(default=0, ge=0, le=MAX_COUNT, description="the replica group it scales")
+    min: int = Field(default=1, ge=1, le=65_536, description="fewest replicas of the group")
     max: int = Field(default=8, ge=1, le=65_536, description="most replicas of the group")
     scale_up_util: float = Field(default=0.8, gt=0, le=1, description="add above this")
     scale_down_util: float = Field(default=0.2, ge=0, lt=1, description="drain below this")
-    tick_s: float = Field(default=10.0, gt=0, description="seconds between decisions")
+    tick_s: Seconds = Field(default=10.0, description="seconds between decisions")
 
     @model_validator(mode="after")
     def _order(self) -> AutoscalerConfig:

@@ -34,6 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sloserve.core.bounds import MAX_BANDWIDTH, Time
 from sloserve.core.errors import ConfigError, UnknownNameError
 from sloserve.costmodel.catalog import gpu_key_for_spec, model_key_for_spec, model_spec
 from sloserve.costmodel.profile import ReplicaProfile, load_profile
@@ -65,19 +66,29 @@ class TransferConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     disk_gb_per_s: float = Field(
-        default=DEFAULT_DISK_GB_PER_S, gt=0, description="checkpoint read rate, GB/s"
+        default=DEFAULT_DISK_GB_PER_S,
+        gt=0,
+        le=MAX_BANDWIDTH,
+        allow_inf_nan=False,
+        description="checkpoint read rate, GB/s",
     )
     pcie_gb_per_s: float | None = Field(
-        default=None, gt=0, description="host-to-GPU rate per GPU, GB/s; unset: the GPU spec's"
+        default=None,
+        gt=0,
+        le=MAX_BANDWIDTH,
+        allow_inf_nan=False,
+        description="host-to-GPU rate per GPU, GB/s; unset: the GPU spec's",
     )
-    init_s: float = Field(default=0.0, ge=0, description="fixed start-up added to every load")
+    init_s: Time = Field(default=0.0, description="fixed start-up added to every load")
     kv_link_gb_per_s: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_BANDWIDTH,
+        allow_inf_nan=False,
         description="prefill-to-decode KV link per GPU, GB/s (disaggregated serving); unset: "
         "the prefill GPU's measured NVLink rate (A100 224, H100 340.8, A40 4.0), else PCIe",
     )
-    kv_link_latency_s: float = Field(default=0.0, ge=0, description="per KV transfer")
+    kv_link_latency_s: Time = Field(default=0.0, description="per KV transfer")
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,8 @@ MAX_PRIORITY = 2**31 - 1
 MAX_FACTOR = 1e6
 """Dimensionless multipliers (speed-up, burst intensity, coefficient of variation)."""
 MAX_GIB = 1e6
+MAX_BANDWIDTH = 1e6
+"""GB/s of any link (disk, PCIe, NVLink, network)."""
 
 Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)]
 """Requests per second."""
