@@ -325,7 +325,8 @@ def test_compare_prints_table(compare_run: tuple[Path, str]) -> None:
 
 def test_compare_json() -> None:
     s = invoke_json("compare", "--policies", "vllm, edf ,rank-input", *SHORT, *FAST)
-    assert list(s) == ["vllm", "edf", "rank-input"]
+    assert list(s) == ["vllm", "edf", "rank-input", "run"]  # what ran, beside the summaries
+    assert s.pop("run")["policy"] == ["vllm", "edf", "rank-input"]
     counts = {v["requests"] for v in s.values()}
     assert len(counts) == 1
     for name, v in s.items():
@@ -336,6 +337,7 @@ def test_compare_json() -> None:
 def test_compare_matches_simulate() -> None:
     c = invoke_json("compare", "--policies", "vllm,sarathi", *SHORT, *FAST)
     s = invoke_json("simulate", "--policy", "sarathi", *SHORT, *FAST)
+    assert s.pop("run")["policy"] == "sarathi"
     assert drop_wall(c["sarathi"]) == drop_wall(s)
 
 
@@ -400,10 +402,10 @@ def test_config_for_compare(tmp_path: Path) -> None:
         "instance: {cost_model: 'constant:0.01'}\n",
     )
     s = invoke_json("compare", "--config", cfg)
-    assert list(s) == ["vllm", "sarathi-ef"]
+    assert list(s) == ["vllm", "sarathi-ef", "run"]
     # --policies overrides the YAML list; missing arrival kind means poisson
     s2 = invoke_json("compare", "--config", cfg, "--policies", "edf")
-    assert list(s2) == ["edf"]
+    assert list(s2) == ["edf", "run"]
     spec = WorkloadSpec.model_validate(
         {"arrival": {"kind": "poisson", "rate": 2}, "duration_s": 15}
     )

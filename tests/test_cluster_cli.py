@@ -67,7 +67,8 @@ def test_cli_cluster_runs(tmp_path: Path) -> None:
 
     assert procs["routers"].returncode == 0, procs["routers"].stderr
     both = json.loads(procs["routers"].stdout)
-    assert list(both) == ["round-robin", "slo-aware"]
+    assert list(both) == ["round-robin", "slo-aware", "run"]
+    assert both["run"]["router"] == ["round-robin", "slo-aware"]
     assert both["round-robin"]["requests"] == both["slo-aware"]["requests"]
 
 

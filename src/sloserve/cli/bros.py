@@ -12,6 +12,7 @@ from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
 from sloserve.cli._bounded import bounded
+from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import MAX_SECONDS, Count, Seed, Workers
 from sloserve.core.errors import ConfigError
 
@@ -156,13 +157,9 @@ def reproduce_bros(
 
     from sloserve.experiments.executor import make_executor
 
-    with make_executor(executor, workers) as ex, console.status("simulating…") as status:
-
-        def progress(done: int, total: int) -> None:
-            status.update(f"simulating… {done}/{total} runs")
-
+    with make_executor(executor, workers) as ex, progress_bar("bros runs") as bar:
         rep = reproduce(
-            plan, out, workers=workers, progress=progress, keep_going=keep_going, executor=ex
+            plan, out, workers=workers, progress=bar, keep_going=keep_going, executor=ex
         )
     if len(rep.results):
         table = summary_table(rep.results)

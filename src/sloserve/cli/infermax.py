@@ -20,14 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from sloserve.cli._app import (
@@ -41,6 +33,7 @@ from sloserve.cli._app import (
     reproduce_app,
 )
 from sloserve.cli._bounded import bounded
+from sloserve.cli._progress import progress_bar, timed_bar
 from sloserve.core.bounds import Count, Index, Percent, Seconds, Seed, Tokens, Workers
 from sloserve.core.errors import ConfigError
 
@@ -199,7 +192,8 @@ def optimal(
         better_by_pct=by_pct,
         min_evictions=min_evictions,
     )
-    result = solve(jobs, limits, cm, opts)
+    with timed_bar("solving (ETA: the time limit)", time_limit, as_json=as_json):
+        result = solve(jobs, limits, cm, opts)
     out = result.summary()
     out["requests"] = len(jobs)
     out["limits"] = {"C": c, "P": p, "M": m, "R_max": limits.max_running}
@@ -360,25 +354,8 @@ def reproduce_infermax(
     plan = replace(plan, **changes)  # type: ignore[arg-type]
     from sloserve.experiments.executor import make_executor
 
-    with (
-        make_executor(executor, workers) as ex,
-        Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as bar,
-    ):
-        tasks: dict[str, TaskID] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total)
-            bar.update(tasks[stage], completed=done, total=total)
-
-        rep = reproduce(plan, out, workers=workers, progress=progress, executor=ex)
+    with make_executor(executor, workers) as ex, progress_bar("infermax") as bar:
+        rep = reproduce(plan, out, workers=workers, progress=bar.stage, executor=ex)
     t = Table("§", "finding", "paper", "ours", title="InferMax: the paper's findings and ours")
     for r in rep.findings.itertuples(index=False):
         t.add_row(str(r.section), str(r.finding), str(r.paper), str(r.ours))

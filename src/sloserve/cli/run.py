@@ -28,6 +28,7 @@ from sloserve.cli._app import (
     console,
 )
 from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cluster_config
+from sloserve.cli._progress import Bar, progress_bar
 from sloserve.config import builtin_config
 from sloserve.core.errors import SloserveError
 
@@ -109,7 +110,7 @@ def simulate(
 ) -> None:
     """Simulate one policy on one replica (or a cluster: --replicas, --router, or a YAML
     'cluster:' section) and print its summary."""
-    from sloserve.experiments.report import jsonable, write_report
+    from sloserve.experiments.report import jsonable, run_caption, run_info, write_report
     from sloserve.experiments.runner import simulate as run_one
 
     cfg, listed = _build_config({}, config, flags)
@@ -140,9 +141,11 @@ def simulate(
     if vllm_text is not None:  # the vLLM JSON replaces the table (as --json would)
         sys.stdout.write(vllm_text)
         return
-    if as_json:
-        sys.stdout.write(json.dumps(jsonable(result.summary), indent=2) + "\n")
+    info = run_info(cfg)
+    if as_json:  # the summary's keys as they were, plus what ran
+        sys.stdout.write(json.dumps(jsonable({**result.summary, "run": info}), indent=2) + "\n")
         return
+    console.print(run_caption(info), style="dim", highlight=False, soft_wrap=True)
     console.print(
         _summary_table(
             {name: result},
@@ -220,8 +223,7 @@ def _compare(
     chrome_trace: Path | None = None,
     trace_decisions: bool = False,
 ) -> None:
-    from sloserve.experiments.report import jsonable, write_report
-    from sloserve.experiments.runner import compare as run_many
+    from sloserve.experiments.report import jsonable, run_caption, run_info, write_report
 
     cfg, listed = _build_config(base, config, flags)
     cluster, yaml_routers = _cluster_config(
@@ -235,29 +237,31 @@ def _compare(
             raise SloserveError(
                 "no policies given: use --policies a,b or 'policies:' in the config"
             )
-        with console.status(f"simulating {len(names)} policies…") if not as_json else _null():
+        with progress_bar("simulating", as_json=as_json) as bar:
             if cluster is None:
-                results = run_many(cfg, names)
+                results = _compare_single(cfg, names, bar)
             else:
-                results = _compare_cluster(cfg, cluster, names, [cluster.router])
+                results = _compare_cluster(cfg, cluster, names, [cluster.router], bar)
     else:
         assert cluster is not None  # a router list makes a cluster
         names = names or [cfg.policy]
         label = "router" if len(names) == 1 else "policy / router"
-        runs = len(names) * len(router_list)
-        with console.status(f"simulating {runs} runs…") if not as_json else _null():
-            results = _compare_cluster(cfg, cluster, names, router_list)
+        with progress_bar("simulating", as_json=as_json) as bar:
+            results = _compare_cluster(cfg, cluster, names, router_list, bar)
     if out is not None:
         write_report(results, out)
     vllm_text = _extra_outputs(results, result_format, chrome_trace, out)
     if vllm_text is not None:  # the vLLM JSON replaces the table (as --json would)
         sys.stdout.write(vllm_text)
         return
-    if as_json:
-        sys.stdout.write(
-            json.dumps(jsonable({n: r.summary for n, r in results.items()}), indent=2) + "\n"
-        )
+    info = run_info(cfg, names)
+    if router_list is not None:
+        info["router"] = router_list
+    if as_json:  # policy -> summary as it was, plus what ran under "run"
+        summaries: dict[str, Any] = {n: r.summary for n, r in results.items()}
+        sys.stdout.write(json.dumps(jsonable({**summaries, "run": info}), indent=2) + "\n")
         return
+    console.print(run_caption(info), style="dim", highlight=False, soft_wrap=True)
     first = next(iter(results.values()))
     console.print(
         _summary_table(
@@ -272,8 +276,22 @@ def _compare(
         console.print(f"report written to {out}")
 
 
+def _compare_single(cfg: Any, policies: list[str], bar: Bar) -> dict[str, Any]:
+    """Each policy on the very same requests (``runner.compare``, one bar step a run)."""
+    from sloserve.experiments.runner import check_policies, simulate, workload_of
+
+    check_policies(cfg, policies)
+    workload = workload_of(cfg)
+    results: dict[str, Any] = {}
+    for k, p in enumerate(policies):
+        bar(k, len(policies))
+        results[p] = simulate(cfg.model_copy(update={"policy": p}), workload)
+    bar(len(policies), len(policies))
+    return results
+
+
 def _compare_cluster(
-    cfg: Any, cluster: Any, policies: list[str], routers: list[str]
+    cfg: Any, cluster: Any, policies: list[str], routers: list[str], bar: Bar | None = None
 ) -> dict[str, Any]:
     """Every (policy, router) on the very same requests; keys name what varies."""
     from sloserve.cluster.routing import check_router
@@ -288,8 +306,11 @@ def _compare_cluster(
         check_router(r, cluster.router_params if r == cluster.router else None)
     workload = workload_of(cfg)
     results: dict[str, Any] = {}
+    total = len(policies) * len(routers)
     for p in policies:
         for r in routers:
+            if bar is not None:
+                bar(len(results), total)
             key = p if len(routers) == 1 else r if len(policies) == 1 else f"{p} / {r}"
             params = cluster.router_params if r == cluster.router else {}
             ccfg = cluster.model_copy(update={"router": r, "router_params": params})
@@ -306,14 +327,6 @@ def _note_rejections(results: dict[str, Any]) -> None:
             console.print(
                 f"[yellow]{name}: {len(rejected)} request(s) rejected, e.g. {why}[/yellow]"
             )
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @app.command()

@@ -10,18 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, app, console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import Workers
 
 
@@ -68,26 +61,8 @@ def sweep(
     from sloserve.experiments.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec.load(config)
-    quiet = as_json or not console.is_terminal
-    with (
-        make_executor(executor, workers) as ex,
-        Progress(
-            TextColumn("sweep"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-            disable=quiet,
-        ) as bar,
-    ):
-        task = bar.add_task("sweep", total=None)
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        res = run_sweep(spec, out, executor=ex, pareto=pareto, restart=restart, progress=progress)
+    with make_executor(executor, workers) as ex, progress_bar("sweep", as_json=as_json) as bar:
+        res = run_sweep(spec, out, executor=ex, pareto=pareto, restart=restart, progress=bar)
     (x, xd), (y, yd) = res.axes
     if as_json:
         info: dict[str, Any] = {

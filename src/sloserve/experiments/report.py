@@ -69,6 +69,66 @@ def jsonable(x: Any) -> Any:
     return x
 
 
+def run_info(cfg: Any, policies: Any = None) -> dict[str, Any]:
+    """What a run ran: workload (trace or mix, arrivals), profile, policy (or the policies
+    compared), SLOs and seed; for the top of a table and the ``"run"`` key of ``--json``."""
+    w = cfg.workload
+    arrival = w.arrival.model_dump(mode="json")
+    slo = (
+        w.slo
+        if isinstance(w.slo, str)
+        else {
+            str(getattr(k, "value", k)): {f: v for f, v in r.model_dump().items() if v}
+            for k, r in w.slo.items()
+        }
+    )
+    return {
+        "workload": w.trace if w.trace is not None else w.mix,
+        "arrival": arrival,
+        "duration_s": w.duration_s,
+        "num_requests": w.num_requests,
+        "profile": cfg.instance.profile,
+        "policy": list(policies) if policies is not None else cfg.policy,
+        "slo": slo,
+        "seed": w.seed,
+    }
+
+
+def run_caption(info: Mapping[str, Any]) -> str:
+    """:func:`run_info` as one line."""
+    a = dict(info["arrival"])
+    kind = a.pop("kind", "")
+    arrival = f"{kind} " + " ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in a.items()
+    )
+    pol = info["policy"]
+    policy = ", ".join(pol) if isinstance(pol, list) else str(pol)
+    slo = info["slo"]
+    if not isinstance(slo, str):
+        slo = (
+            "; ".join(
+                f"{c} "
+                + " ".join(
+                    f"{k.removesuffix('_s')}<={v:g}s" if k.endswith("_s") else f"{k}={v}"
+                    for k, v in rule.items()
+                )
+                for c, rule in slo.items()
+                if rule
+            )
+            or "none"
+        )
+    window = []
+    if info.get("duration_s") is not None:
+        window.append(f"{info['duration_s']:g} s")
+    if info.get("num_requests") is not None:
+        window.append(f"<= {info['num_requests']} requests")
+    return (
+        f"workload {info['workload']} ({arrival.strip()}"
+        + (", " + ", ".join(window) if window else "")
+        + f") | profile {info['profile']} | policy {policy} | SLO {slo} | seed {info['seed']}"
+    )
+
+
 def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bool = True) -> Path:
     """Write the report folder; returns its path."""
     out_dir = Path(out)
