@@ -4,15 +4,20 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
 from sloserve.cli._bounded import bounded
+from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import Seed, Workers
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @reproduce_app.command("andes")
@@ -33,34 +38,69 @@ def reproduce_andes(
 ) -> None:
     """Andes §6.3–6.4: cyclic bursts (intensity, duration), Poisson load, and the refiner,
     solver and Δt ablations; plots, a table and the headline numbers beside the paper's."""
-    from sloserve.experiments.andes import PAPER, Plan, reproduce, summary_table
+    from sloserve.experiments.andes import Plan, reproduce
+    from sloserve.experiments.andes.tables import (
+        ablation_table,
+        headline_table,
+        policy_table,
+        sustained_table,
+    )
     from sloserve.experiments.executor import make_executor
 
     plan = Plan.quick(seed) if quick else Plan.full(seed)
-    with make_executor(executor, workers) as ex, console.status("simulating…") as status:
-
-        def progress(done: int, total: int) -> None:
-            status.update(f"simulating… {done}/{total} runs")
-
+    with make_executor(executor, workers) as ex, progress_bar("andes runs") as bar:
         rep = reproduce(
             plan,
             out,
             workers=workers,
             executor=ex,
-            progress=progress,
+            progress=bar,
             burstgpt=str(burstgpt) if burstgpt is not None else None,
         )
-    table = summary_table(rep.results)
-    console.print(table.to_string(), highlight=False)
-    console.print(f"capacity (requests/s without bursts): {rep.capacity}")
-    t = Table("headline", "ours", "paper")
-    for key, paper in PAPER.items():
-        vals = [
-            sc.get(key)
-            for sc in rep.headline["scenarios"].values()
-            if isinstance(sc.get(key), float)
-        ]
-        ours = f"{max(vals):.2f}" if vals else "-"
-        t.add_row(key, ours, f"{paper:g}")
-    console.print(t)
-    console.print(f"results, plots and headline.json written to {out}")
+    console.print(_caption(plan, quick), style="dim", highlight=False, soft_wrap=True)
+    console.print(_table(policy_table(rep.results), "Mean QoE by policy (averaged over the knob)"))
+    ablations = ablation_table(rep.results)
+    if len(ablations):
+        console.print(_table(ablations, "Andes ablations: mean QoE and preemptions per request"))
+    console.print(
+        _table(
+            sustained_table(rep.headline), "Largest burst intensity sustained at mean QoE >= 0.95"
+        )
+    )
+    cap = Table("scenario", "requests/s", title="Capacity without bursts (vLLM, all queued)")
+    for scen, v in rep.capacity.items():
+        cap.add_row(scen, f"{v:.2f}")
+    console.print(cap)
+    console.print(_table(headline_table(rep.headline), "Headline numbers: ours and the paper's"))
+    console.print(f"results, plots and headline.json written to {out}", highlight=False)
+
+
+def _caption(plan: Any, quick: bool) -> str:
+    """What ran, in one line (the echo every command gives)."""
+    from sloserve.experiments.andes.plan import POLICIES
+
+    scen = ", ".join(f"{s.profile} / {s.mix}" for s in plan.scenarios)
+    return (
+        f"{'quick' if quick else 'full'} plan | scenarios {scen} | policies "
+        f"{', '.join(POLICIES)} | cyclic bursts over {plan.cycle_s:g} s | SLO: QoE "
+        f"(Andes' reading-speed expectation) | seed {plan.seed}"
+    )
+
+
+def _table(df: pd.DataFrame, title: str) -> Table:
+    """A data frame as a rich table: text left, numbers right at 3 decimals, NaN as '-'."""
+    import pandas as pd
+
+    t = Table(title=title)
+    for c in df.columns:
+        numeric = pd.api.types.is_numeric_dtype(df[c])
+        t.add_column(str(c).replace("_", " "), justify="right" if numeric else "left")
+    for row in df.itertuples(index=False):
+        t.add_row(*(_cell(v) for v in row))
+    return t
+
+
+def _cell(v: object) -> str:
+    if isinstance(v, float):
+        return "-" if math.isnan(v) else f"{v:.3f}"
+    return str(v)

@@ -3,12 +3,19 @@
 
 * :mod:`.plan`: what runs (scenarios, the grid of burst, Poisson and ablation runs);
 * :mod:`.reproduce`: running the grid, the headline numbers beside the paper's;
-* :mod:`.figures`: the plots and the summary table.
+* :mod:`.figures`: the plots;
+* :mod:`.tables`: the tables the CLI prints (tidy: no NaN cells, each ratio once).
 """
 
-from sloserve.experiments.andes.figures import plot, summary_table
+from sloserve.experiments.andes.figures import plot
 from sloserve.experiments.andes.plan import POLICIES, Plan, Run, Scenario, plan_runs
 from sloserve.experiments.andes.reproduce import PAPER, Reproduction, headline, reproduce
+from sloserve.experiments.andes.tables import (
+    ablation_table,
+    headline_table,
+    policy_table,
+    sustained_table,
+)
 
 __all__ = [
     "PAPER",
@@ -17,9 +24,12 @@ __all__ = [
     "Reproduction",
     "Run",
     "Scenario",
+    "ablation_table",
     "headline",
+    "headline_table",
     "plan_runs",
     "plot",
+    "policy_table",
     "reproduce",
-    "summary_table",
+    "sustained_table",
 ]
