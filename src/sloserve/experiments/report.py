@@ -69,6 +69,24 @@ def jsonable(x: Any) -> Any:
     return x
 
 
+_ONE = 1e-3
+"""QoE within this of 1 counts as ≈ 1 (a perfect experience) on the QoE CDF."""
+
+BOOL_COLUMNS = ("ttft_ok", "tpot_ok", "deadline_ok", "slo_ok")
+"""Per-request SLO verdicts: floats in memory (1.0, 0.0, NaN: no such SLO), so that their
+means are attainments; stored as nullable booleans."""
+
+
+def as_stored(table: pd.DataFrame) -> pd.DataFrame:
+    """The request table as written to parquet: the SLO verdicts as pandas' nullable
+    ``boolean`` (``<NA>`` where the request has no such SLO) instead of 1.0/0.0/NaN."""
+    out = table.copy()
+    for c in BOOL_COLUMNS:
+        if c in out.columns:
+            out[c] = out[c].astype("boolean")
+    return out
+
+
 def run_info(cfg: Any, policies: Any = None) -> dict[str, Any]:
     """What a run ran: workload (trace or mix, arrivals), profile, policy (or the policies
     compared), SLOs and seed; for the top of a table and the ``"run"`` key of ``--json``."""
@@ -145,7 +163,9 @@ def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bo
         tr = r.trace.copy()
         tr.insert(0, "policy", name)
         traces.append(tr)
-    pd.concat(tables, ignore_index=True).to_parquet(out_dir / "requests.parquet", index=False)
+    as_stored(pd.concat(tables, ignore_index=True)).to_parquet(
+        out_dir / "requests.parquet", index=False
+    )
     pd.concat(traces, ignore_index=True).to_parquet(out_dir / "trace.parquet", index=False)
     decisions = []
     for name, r in results.items():
@@ -182,35 +202,69 @@ def plot_report(results: Mapping[str, RunResult], out_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sloserve.experiments.plotstyle import coincident_labels, series_style
+
     for col, label, fname, scale in (
         ("ttft_s", "TTFT (s)", "cdf_ttft.png", 1.0),
         ("tpot_s", "TPOT (ms)", "cdf_tpot.png", 1000.0),
         ("qoe", "QoE", "cdf_qoe.png", 1.0),
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
-        for name, r in results.items():
-            v = np.sort(r.table[col].dropna().to_numpy(dtype=np.float64)) * scale
-            if v.size:
-                ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=name)
+        values = {
+            name: np.sort(r.table[col].dropna().to_numpy(dtype=np.float64)) * scale
+            for name, r in results.items()
+        }
+        values = {k: v for k, v in values.items() if v.size}
+        labels = coincident_labels(values)
+        flat = [n for n, v in values.items() if col == "qoe" and bool(np.all(v >= 1 - _ONE))]
+        if values and len(flat) == len(values):
+            # every request of every run at QoE ≈ 1: a CDF would be a vertical wall at 1
+            lo = min(float(v[0]) for v in values.values())
+            ax.text(
+                0.5,
+                0.5,
+                f"every request's QoE ≈ 1 (lowest {lo:.4f})\nin: {', '.join(values)}",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            for k, (name, v) in enumerate(values.items()):
+                note = " (all ≈ 1)" if name in flat else ""
+                ax.step(
+                    v,
+                    np.arange(1, v.size + 1) / v.size,
+                    where="post",
+                    label=labels[name] + note,
+                    **series_style(k),
+                )
+            if col == "ttft_s":
+                ax.set_xscale("symlog", linthresh=0.1)
+            ax.grid(alpha=0.3)
+            if values:
+                ax.legend(fontsize=7)
         ax.set_xlabel(label)
         ax.set_ylabel("CDF of requests")
-        if col == "ttft_s":
-            ax.set_xscale("symlog", linthresh=0.1)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / fname, dpi=110)
         plt.close(fig)
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    for name, r in results.items():
-        tr = r.trace
-        if not len(tr):
-            continue
+    traces = {name: r.trace for name, r in results.items() if len(r.trace)}
+    same = coincident_labels(
+        {
+            n: np.concatenate([tr["time"], tr["running"], tr["waiting"], tr["kv_usage"]])
+            for n, tr in traces.items()
+        }
+    )
+    for k, (name, tr) in enumerate(traces.items()):
         t = tr["time"].to_numpy()
-        axes[0].step(t, tr["running"], where="post", label=name, lw=0.8)
-        axes[1].step(t, tr["waiting"], where="post", label=name, lw=0.8)
-        axes[2].step(t, 100 * tr["kv_usage"], where="post", label=name, lw=0.8)
+        style = {"label": same[name], "lw": 0.8, **series_style(k)}
+        axes[0].step(t, tr["running"], where="post", **style)
+        axes[1].step(t, tr["waiting"], where="post", **style)
+        axes[2].step(t, 100 * tr["kv_usage"], where="post", **style)
     axes[0].set_ylabel("running")
     axes[1].set_ylabel("waiting")
     axes[2].set_ylabel("KV usage (%)")

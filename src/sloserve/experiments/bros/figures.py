@@ -10,11 +10,12 @@ from pathlib import Path
 import pandas as pd
 
 COLORS = {
-    "bros": "tab:blue",
-    "bros-nobicache": "tab:cyan",
-    "vllm": "tab:red",
-    "rr": "tab:orange",
-    "sarathi": "tab:green",
+    # Okabe–Ito (colour-blind safe, sloserve.experiments.plotstyle)
+    "bros": "#0072B2",
+    "bros-nobicache": "#56B4E9",
+    "vllm": "#D55E00",
+    "rr": "#E69F00",
+    "sarathi": "#009E73",
 }
 """One colour per policy in every figure."""
 

@@ -11,6 +11,7 @@ import pandas as pd
 
 from sloserve.experiments.infermax.headline import _pivot
 from sloserve.experiments.infermax.plan import CSP_METRIC
+from sloserve.experiments.plotstyle import series_style
 
 
 def plot(results: pd.DataFrame, csp: pd.DataFrame | None, out_dir: Path) -> list[Path]:
@@ -30,16 +31,12 @@ def plot(results: pd.DataFrame, csp: pd.DataFrame | None, out_dir: Path) -> list
         written.append(p)
 
     def lines(ax: Any, df: pd.DataFrame, x: str, y: str, logx: bool = True) -> None:
-        for label, g in df.groupby("label", sort=True):
+        for k, (label, g) in enumerate(df.groupby("label", sort=True)):
             g = g.sort_values(x)
-            ax.plot(
-                g[x],
-                g[y],
-                marker="o",
-                ms=3,
-                label=str(label),
-                ls="--" if str(label).endswith("-ef") else "-",
-            )
+            style = series_style(k)
+            if str(label).endswith("-ef"):  # eviction-free presets: always dashed
+                style["linestyle"] = "--"
+            ax.plot(g[x], g[y], marker="o", ms=3, label=str(label), **style)
         if logx:
             ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
@@ -189,9 +186,16 @@ def plot(results: pd.DataFrame, csp: pd.DataFrame | None, out_dir: Path) -> list
             for k, lab in enumerate(labs):
                 ax = axes[r][k]
                 gg = g[(g["O"] == o) & (g["label"] == lab)]
-                for i, gi in gg.groupby("I"):
+                for n, (i, gi) in enumerate(gg.groupby("I")):
                     gi = gi.sort_values("R_max")
-                    ax.plot(gi["R_max"], gi["tps"], marker="o", ms=3, label=f"I={i}")
+                    ax.plot(
+                        gi["R_max"],
+                        gi["tps"],
+                        marker="o",
+                        ms=3,
+                        label=f"I={i}",
+                        **series_style(n),
+                    )
                 ax.set_xscale("log", base=2)
                 ax.set_title(f"{lab}, O={o}", fontsize=9)
                 ax.set_xlabel("R_max")
