@@ -126,3 +126,24 @@ def test_table_and_json_echo_the_run(cmd: str) -> None:
     first = r.stdout.splitlines()[0]
     assert first.startswith("workload lmsys (poisson rate=2, 10 s)") and "seed 4" in first
     assert "policy vllm, edf" in first if cmd == "compare" else "policy edf" in first
+
+
+def test_optimal_echoes_what_it_solved() -> None:
+    pytest.importorskip("ortools")
+    args = ["optimal", "--requests", "2", "--input", "8", "--output", "2", "--kv-capacity", "32"]
+    r = CliRunner().invoke(app, [*args, "--solver-seed", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["status"] == "optimal"  # the summary's keys are still there
+    assert out["run"] == {
+        "workload": "uniform",
+        "requests": 2,
+        "profile": "llama-2-7b-a100",
+        "policy": "optimal (CP-SAT)",
+        "objective": "latency",
+        "slo": None,
+        "seed": 3,
+        "time_limit_s": 10.0,
+    }
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "250"})
+    assert r.stdout.splitlines()[0].startswith("workload uniform (2 requests) | profile")

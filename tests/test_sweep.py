@@ -181,8 +181,12 @@ def test_cli_sweep_json_resumes_and_bad_input_is_one_line(
     info = json.loads(r.stdout)
     assert (info["points"], info["ran"], info["executor"]) == (8, 8, "local")
     assert info["pareto_front"] and all("ttft_attainment" in p for p in info["pareto_front"])
+    # what ran: the grid and the base run's workload, profile, policy, SLOs and seed
+    assert info["run"]["points"] == 8 and set(info["run"]["grid"]) == set(GRID["grid"])
+    assert info["run"]["base"]["seed"] == BASE["workload"].get("seed", 0)
     r = CliRunner().invoke(app, args[:-1])
     assert r.exit_code == 0 and "8 points (0 run on local, 8 already done)" in r.stdout
+    assert r.stdout.startswith("sweep of 8 points over ")
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"base": BASE, "grid": {"policy": ["vlm"]}}))
     proc = run_main(monkeypatch, capsys, "sweep", "--config", str(bad), "--out", str(out))

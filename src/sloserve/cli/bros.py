@@ -161,6 +161,15 @@ def reproduce_bros(
         rep = reproduce(
             plan, out, workers=workers, progress=bar, keep_going=keep_going, executor=ex
         )
+    scen = ", ".join(f"{sc.profile} / {sc.mix}" for sc in plan.scenarios)
+    console.print(
+        f"scenarios {scen} | policies {', '.join(plan.hybrid_policies)} | RT loads "
+        f"{', '.join(f'{x:g}' for x in plan.loads)} | {plan.duration_s:g} s | SLO bros "
+        f"(RT TTFT <= 0.4 s, TPOT <= 0.2 s) | seed {plan.seed}",
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )
     if len(rep.results):
         table = summary_table(rep.results)
         present = set(table.index.get_level_values("experiment"))

@@ -222,10 +222,36 @@ def optimal(
             )
     elif schedule_out is not None:
         raise ConfigError(f"no schedule to write: the solver says {result.status}")
-    if as_json:
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    ran = {
+        "workload": "uniform" if requests is not None else _workload_name(flags, config),
+        "requests": len(jobs),
+        "profile": out["profile"],
+        "policy": "optimal (CP-SAT)",
+        "objective": objective,
+        "slo": None,
+        "seed": solver_seed,
+        "time_limit_s": time_limit,
+    }
+    if as_json:  # the summary's keys as they were, plus what ran
+        sys.stdout.write(json.dumps({**out, "run": ran}, indent=2) + "\n")
         return
+    console.print(
+        f"workload {ran['workload']} ({len(jobs)} requests) | profile {ran['profile']} | "
+        f"policy optimal, objective {objective} | SLO none | solver seed {solver_seed}, "
+        f"time limit {time_limit:g} s",
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )
     _print(out, result)
+
+
+def _workload_name(flags: dict[str, Any], config: Path | None) -> str:
+    if flags.get("trace"):
+        return str(flags["trace"])
+    if flags.get("workload"):
+        return str(flags["workload"])
+    return str(config) if config is not None else "sharegpt"
 
 
 def _print(out: dict[str, Any], result: Any) -> None:
@@ -356,6 +382,14 @@ def reproduce_infermax(
 
     with make_executor(executor, workers) as ex, progress_bar("infermax") as bar:
         rep = reproduce(plan, out, workers=workers, progress=bar.stage, executor=ex)
+    console.print(
+        f"{'quick' if quick else 'full'} plan | analyses {', '.join(plan.analyses)} | profile "
+        f"{plan.profile} | workloads: InferMax §4's fixed I/O grids and A.3 mixes | no SLO "
+        f"(latency and throughput) | seed {plan.seed}",
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )
     t = Table("§", "finding", "paper", "ours", title="InferMax: the paper's findings and ours")
     for r in rep.findings.itertuples(index=False):
         t.add_row(str(r.section), str(r.finding), str(r.paper), str(r.ours))

@@ -57,15 +57,22 @@ def sweep(
     """Run a grid of simulations (policies, routers, rates, replicas, profiles, seeds…);
     finished points are skipped on rerun, so a killed sweep resumes where it stopped."""
     from sloserve.experiments.executor import make_executor
-    from sloserve.experiments.report import jsonable
+    from sloserve.experiments.report import jsonable, run_caption
     from sloserve.experiments.sweep import SweepSpec, run_sweep
 
     spec = SweepSpec.load(config)
     with make_executor(executor, workers) as ex, progress_bar("sweep", as_json=as_json) as bar:
         res = run_sweep(spec, out, executor=ex, pareto=pareto, restart=restart, progress=bar)
     (x, xd), (y, yd) = res.axes
+    run: dict[str, Any] = {
+        "points": len(res.table),
+        "grid": {k: list(v) for k, v in spec.grid.items()},
+        "explicit_points": len(spec.points),
+        "base": _base_info(spec.base),
+    }
     if as_json:
         info: dict[str, Any] = {
+            "run": run,
             "points": len(res.table),
             "ran": res.ran,
             "skipped": res.skipped,
@@ -78,6 +85,15 @@ def sweep(
         }
         sys.stdout.write(json.dumps(jsonable(info), indent=2) + "\n")
         return
+    base = run["base"]
+    console.print(
+        f"sweep of {run['points']} points over "
+        + (", ".join(spec.grid) or "explicit points")
+        + (f" | base: {run_caption(base)}" if base else ""),
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )
     params = [c for c in res.table.columns if c in set(spec.grid) | _point_keys(spec)]
     t = Table(title=f"Pareto front: {x} ({xd}) vs {y} ({yd})")
     for c in [*params, x, y]:
@@ -94,6 +110,21 @@ def sweep(
         + f" written to {res.out}",
         highlight=False,
     )
+
+
+def _base_info(base: dict[str, Any]) -> dict[str, Any] | None:
+    """What the base config runs (workload, profile, policy, SLOs, seed), or None when it
+    is not a single-replica run config (a cluster section: its keys vary per point)."""
+    from pydantic import ValidationError
+
+    from sloserve.experiments.report import run_info
+    from sloserve.experiments.runner import SimConfig
+
+    try:
+        cfg = SimConfig.model_validate({k: v for k, v in base.items() if k != "cluster"})
+    except ValidationError:
+        return None
+    return run_info(cfg)
 
 
 def _point_keys(spec: Any) -> set[str]:
