@@ -109,7 +109,8 @@ def test_human_output_says_when_optimal_is_only_within_j() -> None:
     args = ["--requests", "3", "--input", "3", "--output", "3", "--kv-capacity", "7"]
     res = RUN.invoke(app, ["optimal", *args, *TINY[8:], "--max-batches", "8"])
     assert res.exit_code == 0, res.output
-    first = res.output.splitlines()[0]  # the JSON says batches_sufficient false
+    caption, first = res.output.splitlines()[:2]  # the JSON says batches_sufficient false
+    assert caption.startswith("workload uniform (3 requests) | profile"), caption
     assert first.startswith("optimal within J = 8 batches only (global needs J >= 9)"), first
 
 
