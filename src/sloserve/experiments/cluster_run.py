@@ -40,7 +40,7 @@ from sloserve.core.request import Request
 from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_time
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
-from sloserve.engine.instance import Instance
+from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -120,7 +120,7 @@ class _Loader:
 
 
 def _common(values: Sequence[Any]) -> Any:
-    return values[0] if all(v == values[0] for v in values) else None
+    return values[0] if values and all(v == values[0] for v in values) else None
 
 
 def simulate_cluster(
@@ -297,6 +297,9 @@ def _result(
         tr["replica"] = rep.replica_id
         tr["instance"] = inst.instance_id
         traces.append(tr)
+    if not traces:  # no replica ever started (every one joins after the run ended)
+        cols = [f.name for f in dataclasses.fields(InstanceTrace)]
+        traces = [pd.DataFrame({c: [] for c in [*cols, "replica", "instance"]})]
     trace = pd.concat(traces, ignore_index=True) if len(traces) > 1 else traces[0]
     if len(traces) > 1:
         trace = trace.sort_values("time", kind="stable").reset_index(drop=True)
