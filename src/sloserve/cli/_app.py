@@ -21,7 +21,9 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from sloserve.cli._bounded import _field_at
+from sloserve.cli._vllm import VLLM_OPTIONS
 from sloserve.config import (
+    apply_vllm_names,
     deep_merge,
     error_text,
     read_yaml,
@@ -139,7 +141,10 @@ ReadingOpt = Annotated[
 ArrivalOpt = Annotated[
     str | None, typer.Option("--arrival", help="Arrival process: poisson, gamma, bursty, constant.")
 ]
-RateOpt = Annotated[float | None, typer.Option("--rate", help="Mean arrival rate, requests/s.")]
+RateOpt = Annotated[
+    float | None,
+    typer.Option("--rate", help="Mean arrival rate, requests/s (vLLM: --request-rate)."),
+]
 CvOpt = Annotated[
     float | None, typer.Option("--cv", help="Gamma arrivals: coefficient of variation of gaps.")
 ]
@@ -155,7 +160,8 @@ BurstPOpt = Annotated[
 ]
 DurationOpt = Annotated[float | None, typer.Option("--duration", help="Arrival window in seconds.")]
 NumReqOpt = Annotated[
-    int | None, typer.Option("--num-requests", help="Cap on the number of requests.")
+    int | None,
+    typer.Option("--num-requests", help="Cap on the number of requests (vLLM: --num-prompts)."),
 ]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed of the workload.")]
 ProfileOpt = Annotated[
@@ -163,20 +169,34 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Replica profile (see `sloserve profiles`) or a profile YAML."),
 ]
 MaxRunOpt = Annotated[
-    int | None, typer.Option("--max-running", help="R_max: requests holding KV at once.")
+    int | None,
+    typer.Option(
+        "--max-running", help="R_max: requests holding KV at once (vLLM: --max-num-seqs)."
+    ),
 ]
 MaxTokOpt = Annotated[
-    int | None, typer.Option("--max-batch-tokens", help="C: tokens per iteration.")
+    int | None,
+    typer.Option(
+        "--max-batch-tokens", help="C: tokens per iteration (vLLM: --max-num-batched-tokens)."
+    ),
 ]
 ChunkOpt = Annotated[
     int | None,
-    typer.Option("--chunk-size", help="P: prefill tokens per iteration (default: the policy's)."),
+    typer.Option(
+        "--chunk-size",
+        help="P: prefill tokens per iteration (default: the policy's; vLLM: "
+        "--long-prefill-token-threshold).",
+    ),
 ]
 BlockOpt = Annotated[
     int | None, typer.Option("--block-size", help="KV block size in tokens (1 = token-exact M).")
 ]
 KvUtilOpt = Annotated[
-    float | None, typer.Option("--kv-utilization", help="GPU memory fraction vLLM may use (0.9).")
+    float | None,
+    typer.Option(
+        "--kv-utilization",
+        help="GPU memory fraction vLLM may use (vLLM: --gpu-memory-utilization).",
+    ),
 ]
 KvCapOpt = Annotated[int | None, typer.Option("--kv-capacity", help="Override M, in tokens.")]
 PredOpt = Annotated[
@@ -205,6 +225,7 @@ ExecutorOpt = Annotated[
 OutOpt = Annotated[
     Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")
 ]
+
 
 _DEFAULT_RATE = 4.0  # WorkloadSpec's default arrival rate, requests/s
 
@@ -283,6 +304,7 @@ _FLAG_OPTIONS: dict[str, Any] = {
     "predictor": PredOpt,
     "cost_model": CostOpt,
     "horizon": HorizonOpt,
+    **VLLM_OPTIONS,
 }
 _WORKLOAD_FLAGS = (
     "workload",
@@ -309,6 +331,9 @@ _WORKLOAD_FLAGS = (
     "duration",
     "num_requests",
     "seed",
+    "request_rate",
+    "num_prompts",
+    "burstiness",
 )
 _INSTANCE_FLAGS = (
     "profile",
@@ -321,6 +346,13 @@ _INSTANCE_FLAGS = (
     "predictor",
     "cost_model",
     "horizon",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "long_prefill_token_threshold",
+    "num_gpu_blocks_override",
+    "tensor_parallel_size",
+    "enable_chunked_prefill",
 )
 
 
@@ -372,13 +404,16 @@ def _build_config(
     base: dict[str, Any], config: Path | None, flags: dict[str, Any]
 ) -> tuple[Any, list[str] | None]:
     """Merge built-in defaults, a YAML file and flags into a SimConfig (+ a policy list)."""
+    from sloserve.cli import _vllm
     from sloserve.experiments.runner import SimConfig
 
-    data = dict(base)
+    data = apply_vllm_names(dict(base), "built-in defaults")
     source = "built-in defaults"
+    flags = _vllm.merge_alias_flags(flags)
     if config is not None:
-        data = deep_merge(data, read_yaml(config))
+        data = deep_merge(data, apply_vllm_names(read_yaml(config), str(config)))
         source = str(config)
+    _vllm.drop_overridden(data, flags)
     policies = data.pop("policies", None)
     # The cluster sections belong to simulate/compare (see _cluster_config), not the SimConfig.
     data.pop("cluster", None)
@@ -397,6 +432,9 @@ def _build_config(
     for name, value in flags.items():
         if value is None:
             continue
+        if name in _vllm.DERIVED_FLAGS:
+            set_path(data, _vllm.DERIVED_FLAGS[name][0], value)
+            source = f"{source} + command line" if "command line" not in source else source
         if name in _FLAG_PATHS:
             if name in _CONVERT:
                 value = _CONVERT[name](value)
@@ -404,6 +442,7 @@ def _build_config(
             if name == "max_context":  # traces are capped by the replay options
                 set_path(data, ("workload", "replay", "max_context"), value)
             source = f"{source} + command line" if "command line" not in source else source
+    _vllm.resolve_derived(data, source)
     arrival = (
         data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
     )

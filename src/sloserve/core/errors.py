@@ -56,3 +56,15 @@ def yaml_problem(e: Any) -> str:
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     return f"{problem} at line {mark.line + 1}" if mark is not None else str(problem)
+
+
+def did_you_mean(name: str, valid: list[str] | tuple[str, ...]) -> str:
+    """``" (did you mean 'sarathi'?)"`` for the valid name closest to ``name`` (difflib),
+    or ``""`` when none is close: appended to every unknown-name message."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1, cutoff=0.6)
+    if not close:
+        lower = {str(v).lower(): str(v) for v in valid}
+        close = [lower[str(name).lower()]] if str(name).lower() in lower else []
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sloserve.core.errors import ConfigError, UnknownNameError, yaml_problem
+from sloserve.core.errors import ConfigError, UnknownNameError, did_you_mean, yaml_problem
 from sloserve.core.hardware import GPUSpec, ModelSpec
 from sloserve.costmodel.base import CostModel
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
@@ -317,6 +317,7 @@ def load_profile(name_or_path: str) -> ReplicaProfile:
     if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
         return load_profile_file(name_or_path)
     raise UnknownNameError(
-        f"unknown profile {name_or_path!r}; valid: {', '.join(profile_names()) or '(none)'}; "
+        f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, profile_names())}; "
+        f"valid: {', '.join(profile_names()) or '(none)'}; "
         "or MODEL@GPU[xTP] with models and GPUs from the catalog (sloserve.costmodel.catalog)"
     )
