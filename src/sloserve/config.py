@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sloserve.core.errors import ConfigError, yaml_problem
+from sloserve.core.errors import ConfigError, plain_message, yaml_problem
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -72,8 +72,8 @@ def error_text(err: Any) -> str:
     if err["type"] == "value_error" and "error" in err.get("ctx", {}):
         return str(err["ctx"]["error"])
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-    return f"{err['msg']}{shown}"
+    shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"
+    return f"{plain_message(err)}{shown}"
 
 
 def validate(model: type[BaseModel], data: Mapping[str, Any], source: str) -> Any:

@@ -20,7 +20,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from sloserve.cli._bounded import _field_at
+from sloserve.cli._bounded import METAVARS, _field_at, default_text, polish_params
 from sloserve.cli._vllm import VLLM_OPTIONS
 from sloserve.config import (
     apply_vllm_names,
@@ -68,7 +68,11 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 # ----------------------------------------------------------------------------- options
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", help="YAML file with any of the settings below (flags override it)."),
+    typer.Option(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file with any of the settings below (flags override it).",
+    ),
 ]
 WorkloadOpt = Annotated[
     str | None, typer.Option("--workload", help="Named length mix: sharegpt, lmsys, be-synthetic.")
@@ -146,7 +150,12 @@ RateOpt = Annotated[
     typer.Option("--rate", help="Mean arrival rate, requests/s (vLLM: --request-rate)."),
 ]
 CvOpt = Annotated[
-    float | None, typer.Option("--cv", help="Gamma arrivals: coefficient of variation of gaps.")
+    float | None,
+    typer.Option(
+        "--cv",
+        help="Gamma arrivals: coefficient of variation of gaps (vLLM: --burstiness B "
+        "gives gamma arrivals with cv = 1/sqrt(B)).",
+    ),
 ]
 BurstIOpt = Annotated[
     float | None, typer.Option("--burst-intensity", help="Bursty arrivals: burst rate / mean rate.")
@@ -166,7 +175,11 @@ NumReqOpt = Annotated[
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed of the workload.")]
 ProfileOpt = Annotated[
     str | None,
-    typer.Option("--profile", help="Replica profile (see `sloserve profiles`) or a profile YAML."),
+    typer.Option(
+        "--profile",
+        help="Replica profile (see `sloserve profiles`) or a profile YAML (vLLM: "
+        "--tensor-parallel-size TP turns MODEL@GPU into MODEL@GPUxTP).",
+    ),
 ]
 MaxRunOpt = Annotated[
     int | None,
@@ -185,7 +198,7 @@ ChunkOpt = Annotated[
     typer.Option(
         "--chunk-size",
         help="P: prefill tokens per iteration (default: the policy's; vLLM: "
-        "--long-prefill-token-threshold).",
+        "--long-prefill-token-threshold, and --no-enable-chunked-prefill sets P = C).",
     ),
 ]
 BlockOpt = Annotated[
@@ -198,7 +211,14 @@ KvUtilOpt = Annotated[
         help="GPU memory fraction vLLM may use (vLLM: --gpu-memory-utilization).",
     ),
 ]
-KvCapOpt = Annotated[int | None, typer.Option("--kv-capacity", help="Override M, in tokens.")]
+KvCapOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-capacity",
+        help="Override M, in tokens (vLLM: --num-gpu-blocks-override BLOCKS sets M = BLOCKS "
+        "× --block-size).",
+    ),
+]
 PredOpt = Annotated[
     str | None,
     typer.Option(
@@ -223,7 +243,10 @@ ExecutorOpt = Annotated[
     ),
 ]
 OutOpt = Annotated[
-    Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")
+    Path | None,
+    typer.Option(
+        "--out", metavar="DIR", help="Write a report folder (parquet, summary.json, plots)."
+    ),
 ]
 
 
@@ -306,6 +329,9 @@ _FLAG_OPTIONS: dict[str, Any] = {
     "horizon": HorizonOpt,
     **VLLM_OPTIONS,
 }
+for _name, _opt in _FLAG_OPTIONS.items():
+    if _name in METAVARS and _opt.__metadata__[0].metavar is None:
+        _opt.__metadata__[0].metavar = METAVARS[_name]
 _WORKLOAD_FLAGS = (
     "workload",
     "trace",
@@ -487,11 +513,18 @@ def add_bound_help() -> None:
     from sloserve.experiments.runner import SimConfig
 
     # (--replicas and the command-only options carry their bounds from bounded().)
+    from sloserve.workloads.mixes import mix_names
+
+    # the mixes come from the registry, so a plugin's mix is listed too
+    workload_opt: Any = WorkloadOpt
+    workload_opt.__metadata__[0].help = f"Named length mix: {', '.join(mix_names())}."
     fields = {n: _field_at(SimConfig, path) for n, path in _FLAG_PATHS.items()}
     for name, info in fields.items():
         opt: Any = _FLAG_OPTIONS.get(name)
         text = constraint_text(info) if info is not None else ""
-        if opt is None or not text:
+        default = f"\\[default: {_DEFAULT_RATE}]" if name == "rate" else default_text(info)
+        text = " ".join(t for t in (text, default) if t)
+        if opt is None or not text or name in ("keep_failures",):
             continue
         option = opt.__metadata__[0]
         if option.help and not option.help.endswith("]"):
@@ -540,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args or any(a in ("--help", "-h") for a in args):
         add_bound_help()
     command = typer.main.get_command(app)
+    polish_params(command)
     try:
         code = command.main(args=args, prog_name="sloserve", standalone_mode=False)
     except click.NoArgsIsHelpError as e:

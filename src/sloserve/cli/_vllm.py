@@ -28,7 +28,8 @@ def _hidden(decl: str, kind: Any) -> Any:
     return Annotated[base | None, bounded(kind, decl, help="", hidden=True)]
 
 
-# vLLM's flags, added to the shared options of simulate, compare and serve (cli/_app.py)
+# vLLM's flags, added to the shared options of simulate, compare and serve (cli/_app.py);
+# hidden: the help of the native flag each one sets names it, so `--help` still fits 80 columns
 VLLM_OPTIONS: dict[str, Any] = {
     "max_num_seqs": _hidden("--max-num-seqs", Count),
     "max_num_batched_tokens": _hidden("--max-num-batched-tokens", Tokens),
@@ -41,6 +42,7 @@ VLLM_OPTIONS: dict[str, Any] = {
         bounded(
             Count,
             "--num-gpu-blocks-override",
+            hidden=True,
             metavar="BLOCKS",
             help="vLLM's KV capacity in blocks: M = BLOCKS × --block-size tokens.",
         ),
@@ -50,6 +52,7 @@ VLLM_OPTIONS: dict[str, Any] = {
         bounded(
             Degree,
             "--tensor-parallel-size",
+            hidden=True,
             metavar="TP",
             help="vLLM's TP: a MODEL@GPU profile becomes MODEL@GPUxTP (the default "
             "profile's model and GPU if none is given); a profile that fixes another TP is "
@@ -60,6 +63,7 @@ VLLM_OPTIONS: dict[str, Any] = {
         bool | None,
         typer.Option(
             "--enable-chunked-prefill/--no-enable-chunked-prefill",
+            hidden=True,
             help="vLLM: off runs each prefill whole (P = C); on keeps P (--chunk-size).",
         ),
     ],
@@ -68,6 +72,7 @@ VLLM_OPTIONS: dict[str, Any] = {
         bounded(
             Burstiness,
             "--burstiness",
+            hidden=True,
             metavar="B",
             help="vllm bench serve: gamma arrivals with cv = 1/sqrt(B) (1 = Poisson).",
         ),
