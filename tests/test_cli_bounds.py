@@ -76,7 +76,10 @@ def test_help_shows_the_bounds_of_the_fields(
     rate = SimConfig.model_fields["workload"].annotation.model_fields["arrival"]  # type: ignore[union-attr]
     assert rate is not None
     out = " ".join(proc.stdout.split())
-    for text in ("Mean arrival rate, requests/s. [1e-06 ≤ x ≤ 1e+06]", "[0 ≤ x ≤ 2**63-1]"):
+    for text in (
+        "Mean arrival rate, requests/s (vLLM: --request-rate). [1e-06 ≤ x ≤ 1e+06]",
+        "[0 ≤ x ≤ 2**63-1]",
+    ):
         assert text in out, text
 
 

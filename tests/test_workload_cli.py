@@ -372,7 +372,7 @@ ERROR_CASES: list[tuple[str, list[str], list[str]]] = [
     (
         "sample-zero",
         ["simulate", "--trace", "{azure}", "--trace-format", "azure", "--sample", "0"],
-        ["sample", "greater than 0"],
+        ["sample", "must be > 0"],
     ),
     (
         "speedup-negative",

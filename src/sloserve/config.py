@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from sloserve.core.errors import ConfigError, yaml_problem
+from sloserve.core.errors import ConfigError, plain_message, yaml_problem
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -72,8 +72,8 @@ def error_text(err: Any) -> str:
     if err["type"] == "value_error" and "error" in err.get("ctx", {}):
         return str(err["ctx"]["error"])
     got = err.get("input")
-    shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-    return f"{err['msg']}{shown}"
+    shown = "" if isinstance(got, (dict, list)) or err["type"] == "missing" else f" (got {got!r})"
+    return f"{plain_message(err)}{shown}"
 
 
 def validate(model: type[BaseModel], data: Mapping[str, Any], source: str) -> Any:
@@ -81,3 +81,74 @@ def validate(model: type[BaseModel], data: Mapping[str, Any], source: str) -> An
         return model.model_validate(dict(data))
     except ValidationError as e:
         raise ConfigError(validation_message(e, source)) from None
+
+
+# vLLM's engine-argument and `vllm bench serve` names that mean exactly one sloserve key.
+# Accepted in YAML under `engine:` (engine arguments) or beside the native key, and as flags.
+VLLM_INSTANCE_ALIASES: dict[str, str] = {
+    "max_num_seqs": "max_running",
+    "max_num_batched_tokens": "max_batch_tokens",
+    "gpu_memory_utilization": "kv_utilization",
+    "long_prefill_token_threshold": "chunk_size",
+}
+VLLM_WORKLOAD_ALIASES: dict[str, str] = {
+    "request_rate": "rate",
+    "num_prompts": "num_requests",
+}
+# vLLM names that need a computation (cli/_vllm.py resolves them once every value is known).
+VLLM_INSTANCE_DERIVED = (
+    "num_gpu_blocks_override",
+    "tensor_parallel_size",
+    "enable_chunked_prefill",
+)
+
+
+def _rename(section: dict[str, Any], old: str, new: str, where: str) -> None:
+    if old not in section:
+        return
+    value = section.pop(old)
+    if new in section and section[new] != value:
+        raise ConfigError(
+            f"{where}: {old} ({value!r}) contradicts {new} ({section[new]!r}); give one of them"
+        )
+    section[new] = value
+
+
+def apply_vllm_names(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data`` with vLLM's key names turned into sloserve's: an ``engine:`` section (vLLM
+    engine arguments, dashes or underscores) joins ``instance:``; vLLM names inside
+    ``instance:`` and ``workload:`` become the native keys; ``request_rate`` is the arrival
+    rate. A vLLM name and its native key with different values is an error."""
+    out = dict(data)
+    instance = dict(out.get("instance") or {})
+    engine = out.pop("engine", None)
+    if engine is not None:
+        if not isinstance(engine, Mapping):
+            raise ConfigError(f"{source}: 'engine' must be a mapping of vLLM engine arguments")
+        for k, v in engine.items():
+            key = str(k).replace("-", "_")
+            native = VLLM_INSTANCE_ALIASES.get(key, key)
+            if native in instance and instance[native] != v:
+                raise ConfigError(
+                    f"{source}: engine.{k} ({v!r}) contradicts instance.{native} "
+                    f"({instance[native]!r}); give one of them"
+                )
+            instance[native] = v
+    for old, new in VLLM_INSTANCE_ALIASES.items():
+        _rename(instance, old, new, f"{source}: instance")
+    if instance or "instance" in out:
+        out["instance"] = instance
+    workload = out.get("workload")
+    if isinstance(workload, Mapping):
+        workload = dict(workload)
+        if "num_prompts" in workload:
+            _rename(workload, "num_prompts", "num_requests", f"{source}: workload")
+        if "request_rate" in workload:
+            arrival = dict(workload.get("arrival") or {})
+            arrival_src = {"rate": arrival["rate"]} if "rate" in arrival else {}
+            arrival_src["request_rate"] = workload.pop("request_rate")
+            _rename(arrival_src, "request_rate", "rate", f"{source}: workload.arrival")
+            arrival["rate"] = arrival_src["rate"]
+            workload["arrival"] = arrival
+        out["workload"] = workload
+    return out

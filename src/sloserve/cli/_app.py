@@ -20,8 +20,10 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from sloserve.cli._bounded import _field_at
+from sloserve.cli._bounded import METAVARS, _field_at, default_text, polish_params
+from sloserve.cli._vllm import VLLM_OPTIONS
 from sloserve.config import (
+    apply_vllm_names,
     deep_merge,
     error_text,
     read_yaml,
@@ -66,7 +68,11 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 # ----------------------------------------------------------------------------- options
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", help="YAML file with any of the settings below (flags override it)."),
+    typer.Option(
+        "--config",
+        metavar="FILE.yaml",
+        help="YAML file with any of the settings below (flags override it).",
+    ),
 ]
 WorkloadOpt = Annotated[
     str | None, typer.Option("--workload", help="Named length mix: sharegpt, lmsys, be-synthetic.")
@@ -139,9 +145,17 @@ ReadingOpt = Annotated[
 ArrivalOpt = Annotated[
     str | None, typer.Option("--arrival", help="Arrival process: poisson, gamma, bursty, constant.")
 ]
-RateOpt = Annotated[float | None, typer.Option("--rate", help="Mean arrival rate, requests/s.")]
+RateOpt = Annotated[
+    float | None,
+    typer.Option("--rate", help="Mean arrival rate, requests/s (vLLM: --request-rate)."),
+]
 CvOpt = Annotated[
-    float | None, typer.Option("--cv", help="Gamma arrivals: coefficient of variation of gaps.")
+    float | None,
+    typer.Option(
+        "--cv",
+        help="Gamma arrivals: coefficient of variation of gaps (vLLM: --burstiness B "
+        "gives gamma arrivals with cv = 1/sqrt(B)).",
+    ),
 ]
 BurstIOpt = Annotated[
     float | None, typer.Option("--burst-intensity", help="Bursty arrivals: burst rate / mean rate.")
@@ -155,30 +169,56 @@ BurstPOpt = Annotated[
 ]
 DurationOpt = Annotated[float | None, typer.Option("--duration", help="Arrival window in seconds.")]
 NumReqOpt = Annotated[
-    int | None, typer.Option("--num-requests", help="Cap on the number of requests.")
+    int | None,
+    typer.Option("--num-requests", help="Cap on the number of requests (vLLM: --num-prompts)."),
 ]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed of the workload.")]
 ProfileOpt = Annotated[
     str | None,
-    typer.Option("--profile", help="Replica profile (see `sloserve profiles`) or a profile YAML."),
+    typer.Option(
+        "--profile",
+        help="Replica profile (see `sloserve profiles`) or a profile YAML (vLLM: "
+        "--tensor-parallel-size TP turns MODEL@GPU into MODEL@GPUxTP).",
+    ),
 ]
 MaxRunOpt = Annotated[
-    int | None, typer.Option("--max-running", help="R_max: requests holding KV at once.")
+    int | None,
+    typer.Option(
+        "--max-running", help="R_max: requests holding KV at once (vLLM: --max-num-seqs)."
+    ),
 ]
 MaxTokOpt = Annotated[
-    int | None, typer.Option("--max-batch-tokens", help="C: tokens per iteration.")
+    int | None,
+    typer.Option(
+        "--max-batch-tokens", help="C: tokens per iteration (vLLM: --max-num-batched-tokens)."
+    ),
 ]
 ChunkOpt = Annotated[
     int | None,
-    typer.Option("--chunk-size", help="P: prefill tokens per iteration (default: the policy's)."),
+    typer.Option(
+        "--chunk-size",
+        help="P: prefill tokens per iteration (default: the policy's; vLLM: "
+        "--long-prefill-token-threshold, and --no-enable-chunked-prefill sets P = C).",
+    ),
 ]
 BlockOpt = Annotated[
     int | None, typer.Option("--block-size", help="KV block size in tokens (1 = token-exact M).")
 ]
 KvUtilOpt = Annotated[
-    float | None, typer.Option("--kv-utilization", help="GPU memory fraction vLLM may use (0.9).")
+    float | None,
+    typer.Option(
+        "--kv-utilization",
+        help="GPU memory fraction vLLM may use (vLLM: --gpu-memory-utilization).",
+    ),
 ]
-KvCapOpt = Annotated[int | None, typer.Option("--kv-capacity", help="Override M, in tokens.")]
+KvCapOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--kv-capacity",
+        help="Override M, in tokens (vLLM: --num-gpu-blocks-override BLOCKS sets M = BLOCKS "
+        "× --block-size).",
+    ),
+]
 PredOpt = Annotated[
     str | None,
     typer.Option(
@@ -203,8 +243,12 @@ ExecutorOpt = Annotated[
     ),
 ]
 OutOpt = Annotated[
-    Path | None, typer.Option("--out", help="Write a report folder (parquet, summary.json, plots).")
+    Path | None,
+    typer.Option(
+        "--out", metavar="DIR", help="Write a report folder (parquet, summary.json, plots)."
+    ),
 ]
+
 
 _DEFAULT_RATE = 4.0  # WorkloadSpec's default arrival rate, requests/s
 
@@ -283,7 +327,11 @@ _FLAG_OPTIONS: dict[str, Any] = {
     "predictor": PredOpt,
     "cost_model": CostOpt,
     "horizon": HorizonOpt,
+    **VLLM_OPTIONS,
 }
+for _name, _opt in _FLAG_OPTIONS.items():
+    if _name in METAVARS and _opt.__metadata__[0].metavar is None:
+        _opt.__metadata__[0].metavar = METAVARS[_name]
 _WORKLOAD_FLAGS = (
     "workload",
     "trace",
@@ -309,6 +357,9 @@ _WORKLOAD_FLAGS = (
     "duration",
     "num_requests",
     "seed",
+    "request_rate",
+    "num_prompts",
+    "burstiness",
 )
 _INSTANCE_FLAGS = (
     "profile",
@@ -321,6 +372,13 @@ _INSTANCE_FLAGS = (
     "predictor",
     "cost_model",
     "horizon",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "gpu_memory_utilization",
+    "long_prefill_token_threshold",
+    "num_gpu_blocks_override",
+    "tensor_parallel_size",
+    "enable_chunked_prefill",
 )
 
 
@@ -372,13 +430,16 @@ def _build_config(
     base: dict[str, Any], config: Path | None, flags: dict[str, Any]
 ) -> tuple[Any, list[str] | None]:
     """Merge built-in defaults, a YAML file and flags into a SimConfig (+ a policy list)."""
+    from sloserve.cli import _vllm
     from sloserve.experiments.runner import SimConfig
 
-    data = dict(base)
+    data = apply_vllm_names(dict(base), "built-in defaults")
     source = "built-in defaults"
+    flags = _vllm.merge_alias_flags(flags)
     if config is not None:
-        data = deep_merge(data, read_yaml(config))
+        data = deep_merge(data, apply_vllm_names(read_yaml(config), str(config)))
         source = str(config)
+    _vllm.drop_overridden(data, flags)
     policies = data.pop("policies", None)
     # The cluster sections belong to simulate/compare (see _cluster_config), not the SimConfig.
     data.pop("cluster", None)
@@ -397,6 +458,9 @@ def _build_config(
     for name, value in flags.items():
         if value is None:
             continue
+        if name in _vllm.DERIVED_FLAGS:
+            set_path(data, _vllm.DERIVED_FLAGS[name][0], value)
+            source = f"{source} + command line" if "command line" not in source else source
         if name in _FLAG_PATHS:
             if name in _CONVERT:
                 value = _CONVERT[name](value)
@@ -404,6 +468,7 @@ def _build_config(
             if name == "max_context":  # traces are capped by the replay options
                 set_path(data, ("workload", "replay", "max_context"), value)
             source = f"{source} + command line" if "command line" not in source else source
+    _vllm.resolve_derived(data, source)
     arrival = (
         data.get("workload", {}).get("arrival") if isinstance(data.get("workload"), dict) else None
     )
@@ -448,11 +513,18 @@ def add_bound_help() -> None:
     from sloserve.experiments.runner import SimConfig
 
     # (--replicas and the command-only options carry their bounds from bounded().)
+    from sloserve.workloads.mixes import mix_names
+
+    # the mixes come from the registry, so a plugin's mix is listed too
+    workload_opt: Any = WorkloadOpt
+    workload_opt.__metadata__[0].help = f"Named length mix: {', '.join(mix_names())}."
     fields = {n: _field_at(SimConfig, path) for n, path in _FLAG_PATHS.items()}
     for name, info in fields.items():
         opt: Any = _FLAG_OPTIONS.get(name)
         text = constraint_text(info) if info is not None else ""
-        if opt is None or not text:
+        default = f"\\[default: {_DEFAULT_RATE}]" if name == "rate" else default_text(info)
+        text = " ".join(t for t in (text, default) if t)
+        if opt is None or not text or name in ("keep_failures",):
             continue
         option = opt.__metadata__[0]
         if option.help and not option.help.endswith("]"):
@@ -501,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args or any(a in ("--help", "-h") for a in args):
         add_bound_help()
     command = typer.main.get_command(app)
+    polish_params(command)
     try:
         code = command.main(args=args, prog_name="sloserve", standalone_mode=False)
     except click.NoArgsIsHelpError as e:

@@ -54,3 +54,80 @@ def _models(tp: Any) -> list[Any]:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]
     return [m for a in get_args(tp) for m in _models(a)]
+
+
+# Metavars of the shared options (cli/_app.py); "" for on/off flags, which take no value.
+METAVARS: dict[str, str] = {
+    "workload": "NAME",
+    "trace": "FILE",
+    "trace_format": "FORMAT",
+    "trace_use": "replay|lengths",
+    "columns": "NAME=COLUMN,...",
+    "strict": "",
+    "keep_failures": "",
+    "tokenizer": "FILE",
+    "speedup": "K",
+    "window_start": "SECONDS",
+    "window_end": "SECONDS",
+    "sample": "FRACTION",
+    "max_context": "TOKENS",
+    "slo": "PRESET",
+    "reading_speed": "TOKENS/S|NAME",
+    "arrival": "KIND",
+    "rate": "RATE",
+    "cv": "CV",
+    "burst_intensity": "RATIO",
+    "burst_fraction": "FRACTION",
+    "burst_period": "SECONDS",
+    "duration": "SECONDS",
+    "num_requests": "N",
+    "seed": "SEED",
+    "profile": "NAME|FILE",
+    "max_running": "N",
+    "max_batch_tokens": "TOKENS",
+    "chunk_size": "TOKENS",
+    "block_size": "TOKENS",
+    "kv_utilization": "FRACTION",
+    "kv_capacity": "TOKENS",
+    "predictor": "SPEC",
+    "cost_model": "SPEC",
+    "horizon": "SECONDS",
+    "enable_chunked_prefill": "",
+}
+
+
+def default_text(info: Any) -> str:
+    """``'[default: 256]'`` for a config field with a default ('' for None or required)."""
+    from pydantic_core import PydanticUndefined
+
+    if info is None or info.default is PydanticUndefined or info.default is None:
+        return ""
+    value = info.default
+    # escaped: typer renders help as rich markup, where "[default: x]" would be a style tag
+    return f"\\[default: {str(value).lower() if isinstance(value, bool) else value}]"
+
+
+def polish_params(command: Any) -> None:
+    """Give every option of ``command`` and its subcommands a metavar that says what it
+    takes: on/off flags show none, others without one get their name in capitals (as
+    argparse does), never click's type name (``<int>``)."""
+    from typer._click.core import Context
+
+    for sub in getattr(command, "commands", {}).values():
+        polish_params(sub)
+    if hasattr(command, "get_help_option"):
+        help_opt = command.get_help_option(Context(command, help_option_names=["--help"]))
+        if help_opt is not None:
+            help_opt.metavar = ""
+    for p in getattr(command, "params", []):
+        if getattr(p, "param_type_name", "") == "argument":
+            # the argument's name (MODEL) already says what it takes; typer would add its
+            # Python type (<str>) in the type column
+            p.display_type_rich = lambda ctx: None
+            continue
+        if p.metavar is not None:
+            continue
+        if getattr(p, "is_flag", False) or getattr(p, "is_bool_flag", False):
+            p.metavar = ""
+        elif p.opts and str(p.opts[0]).startswith("--"):
+            p.metavar = str(p.opts[0])[2:].upper().replace("-", "_")

@@ -30,7 +30,7 @@ from sloserve.cli._app import (
 from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cluster_config
 from sloserve.cli._progress import Bar, progress_bar
 from sloserve.config import builtin_config
-from sloserve.core.errors import SloserveError
+from sloserve.core.errors import SloserveError, did_you_mean
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -76,7 +76,10 @@ def _extra_outputs(
 ) -> str | None:
     """--chrome-trace files, and the vLLM result text when --result-format vllm."""
     if result_format not in ("sloserve", "vllm"):
-        raise SloserveError(f"--result-format: unknown {result_format!r}; valid: sloserve, vllm")
+        raise SloserveError(
+            f"--result-format: unknown {result_format!r}"
+            f"{did_you_mean(result_format, ('sloserve', 'vllm'))}; valid: sloserve, vllm"
+        )
     if chrome is not None:
         from sloserve.experiments.chrome_trace import write_chrome_traces
 

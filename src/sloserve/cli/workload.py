@@ -113,12 +113,15 @@ def workload_export(
 ) -> None:
     """Write a workload as a trace CSV (replay it exactly later with --trace FILE), or as a
     `vllm bench serve` custom dataset (--format vllm-jsonl)."""
-    from sloserve.core.errors import ConfigError
+    from sloserve.core.errors import ConfigError, did_you_mean
     from sloserve.workloads.describe import export_trace
     from sloserve.workloads.vllm_export import export_vllm_jsonl
 
     if fmt not in ("sloserve", "vllm-jsonl"):
-        raise ConfigError(f"--format: unknown export format {fmt!r}; valid: sloserve, vllm-jsonl")
+        raise ConfigError(
+            f"--format: unknown export format {fmt!r}"
+            f"{did_you_mean(fmt, ('sloserve', 'vllm-jsonl'))}; valid: sloserve, vllm-jsonl"
+        )
     wl = _workload_from_flags(config, flags)
     if fmt == "vllm-jsonl":
         export_vllm_jsonl(wl.requests, out)

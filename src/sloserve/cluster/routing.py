@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
-from sloserve.core.errors import ConfigError, UnknownNameError
+from sloserve.core.errors import ConfigError, UnknownNameError, did_you_mean
 
 Filter = Callable[[RouteRequest, list[ReplicaView]], list[ReplicaView]]
 """The candidates that remain for the request."""
@@ -436,7 +436,8 @@ def check_router(name: str, params: Mapping[str, Any] | None = None) -> RouterFa
         factory = _ROUTERS[name][0]
     except KeyError:
         raise UnknownNameError(
-            f"unknown router {name!r}; choose one of: {', '.join(router_names())}"
+            f"unknown router {name!r}{did_you_mean(name, router_names())}; "
+            f"choose one of: {', '.join(router_names())}"
         ) from None
     try:
         inspect.signature(factory).bind(seed=0, **dict(params or {}))

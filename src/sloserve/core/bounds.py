@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 from pydantic import Field, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from sloserve.core.errors import ConfigError
+from sloserve.core.errors import ConfigError, plain_message
 
 _T = TypeVar("_T")
 
@@ -131,7 +131,7 @@ def check_value(kind: Any, value: _T, what: str) -> _T:
         return out
     except ValidationError as e:
         err = e.errors()[0]
-        raise ConfigError(f"{what}: {err['msg']} (got {value!r})") from None
+        raise ConfigError(f"{what}: {plain_message(err)} (got {value!r})") from None
 
 
 def _limits(kind: Any) -> tuple[float, bool, float, bool]:

@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sloserve.core.errors import ConfigError, UnknownNameError, yaml_problem
+from sloserve.core.errors import (
+    ConfigError,
+    UnknownNameError,
+    did_you_mean,
+    plain_message,
+    yaml_problem,
+)
 from sloserve.core.hardware import GPUSpec, ModelSpec
 from sloserve.costmodel.base import CostModel
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
@@ -188,7 +194,7 @@ def load_profile_file(path: str | Path) -> ReplicaProfile:
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"{p}: field {loc}: {err['msg']}") from e
+        raise ConfigError(f"{p}: field {loc}: {plain_message(err)}") from e
 
 
 def _smallest_fitting_tp(model: ModelSpec, gpu: GPUSpec) -> int | None:
@@ -317,6 +323,7 @@ def load_profile(name_or_path: str) -> ReplicaProfile:
     if name_or_path.endswith((".yaml", ".yml")) or Path(name_or_path).is_file():
         return load_profile_file(name_or_path)
     raise UnknownNameError(
-        f"unknown profile {name_or_path!r}; valid: {', '.join(profile_names()) or '(none)'}; "
+        f"unknown profile {name_or_path!r}{did_you_mean(name_or_path, profile_names())}; "
+        f"valid: {', '.join(profile_names()) or '(none)'}; "
         "or MODEL@GPU[xTP] with models and GPUs from the catalog (sloserve.costmodel.catalog)"
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sloserve.core.errors import ConfigError, UnknownNameError
+from sloserve.core.errors import ConfigError, UnknownNameError, did_you_mean
 from sloserve.engine.interface import Scheduler
 from sloserve.policies.infermax.presets import PRESETS
 
@@ -40,7 +40,10 @@ def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Scheduler
     """Build a registered policy, overriding its preset parameters with ``params``."""
     entry = _REGISTRY.get(name)
     if entry is None:
-        raise UnknownNameError(f"unknown policy {name!r}; valid: {', '.join(policy_names())}")
+        raise UnknownNameError(
+            f"unknown policy {name!r}{did_you_mean(name, policy_names())}; "
+            f"valid: {', '.join(policy_names())}"
+        )
     return entry[0](dict(params or {}))
 
 

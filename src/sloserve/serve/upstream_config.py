@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sloserve.cluster.routing import check_router, router_names
 from sloserve.core.bounds import MAX_COUNT, Seconds, Seed, Time
-from sloserve.core.errors import ConfigError
+from sloserve.core.errors import ConfigError, plain_message
 
 QueueOrder = Literal["fcfs", "priority", "edf"]
 Admission = Literal["none", "queue", "slo"]
@@ -117,4 +117,4 @@ class UpstreamConfig(BaseModel):
         except ValidationError as e:
             err = e.errors()[0]
             loc = ".".join(str(p) for p in err["loc"]) or "config"
-            raise ConfigError(f"upstream config {loc}: {err['msg']}") from None
+            raise ConfigError(f"upstream config {loc}: {plain_message(err)}") from None

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from sloserve.core.bounds import Index, Time, Tokens, bound_text, first_violation
-from sloserve.core.errors import WorkloadError
+from sloserve.core.errors import WorkloadError, did_you_mean
 from sloserve.workloads.trace import COLUMN_BOUNDS
 
 TraceFormat = Literal["auto", "sloserve", "azure", "burstgpt", "mooncake", "sharegpt", "table"]
@@ -547,7 +547,7 @@ def load_trace(
         from sloserve.workloads.mooncake import load_mooncake
 
         return load_mooncake(path, strict=strict)
+    valid = ("azure", "burstgpt", "mooncake", "sharegpt", "table", "sloserve", "auto")
     raise WorkloadError(
-        f"unknown trace format {fmt!r}; valid: azure, burstgpt, mooncake, sharegpt, table, "
-        "sloserve, auto"
+        f"unknown trace format {fmt!r}{did_you_mean(fmt, valid)}; valid: {', '.join(valid)}"
     )

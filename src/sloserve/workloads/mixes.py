@@ -40,7 +40,7 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from sloserve.core.errors import UnknownNameError
+from sloserve.core.errors import UnknownNameError, did_you_mean
 from sloserve.core.request import RequestClass
 from sloserve.workloads.lengths import FixedLength, LognormalLength, UniformLength
 
@@ -184,4 +184,7 @@ def get_mix(name: str) -> Mix:
             (_TwoPoint(*_INFERMAX_GROUPS[k][0]), _TwoPoint(*_INFERMAX_GROUPS[k][1])) for k in kinds
         )
         return Mix(name, groups, RequestClass.RT, "InferMax A.3 (S={8,16}, L={512,1024})")
-    raise UnknownNameError(f"unknown workload {name!r}; valid: {', '.join(mix_names())}")
+    raise UnknownNameError(
+        f"unknown workload {name!r}{did_you_mean(name, sorted(MIXES))}; "
+        f"valid: {', '.join(mix_names())}"
+    )

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from sloserve.core.errors import ConfigError
+from sloserve.core.errors import ConfigError, plain_message
 from sloserve.core.hardware import GPUSpec, ModelSpec
 from sloserve.costmodel.fit.lstsq import _clean
 from sloserve.costmodel.fit.profile_csv import (
@@ -55,7 +55,7 @@ def _metadata_spec(
     except ValidationError as e:
         err = e.errors()[0]
         col = "model" if err["loc"] == ("name",) else prefix + ".".join(map(str, err["loc"]))
-        raise ConfigError(f"{source}: column {col}: {err['msg']}") from e
+        raise ConfigError(f"{source}: column {col}: {plain_message(err)}") from e
 
 
 def hardware_from_metadata(
@@ -119,7 +119,7 @@ def profile_from_coefficients(
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
-        raise ConfigError(f"profile {name}: field {loc}: {err['msg']}") from e
+        raise ConfigError(f"profile {name}: field {loc}: {plain_message(err)}") from e
 
 
 def profile_from_csv(
