@@ -19,8 +19,11 @@ the simulated times divided by the scale).
 * ``sloserve_queue_size``: requests accepted and not yet started: the replicas' waiting
   requests plus the backend's own queue (:attr:`Backend.queue_size`, the ``openai``
   backend's gateway queue);
-  ``sloserve_replica_running``, ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy``
-  per replica (read from the backend at scrape time).
+  ``sloserve_replica_running``, ``_waiting``, ``_kv_usage_ratio`` (a fraction 0..1:
+  Prometheus' ``_ratio`` convention), ``_in_flight``, ``_healthy`` per replica (read from
+  the backend at scrape time).
+* The emulated backend's replicas also export vLLM's own metrics
+  (:mod:`sloserve.serve.vllm_metrics`), so that tools written for vLLM read them.
 """
 
 from __future__ import annotations
@@ -123,7 +126,9 @@ class _ReplicaCollector(Collector):
                 "sloserve_replica_waiting", "Waiting requests", labels=["replica"]
             ),
             "kv_usage": GaugeMetricFamily(
-                "sloserve_replica_kv_usage", "KV cache fraction in use", labels=["replica"]
+                "sloserve_replica_kv_usage_ratio",
+                "KV cache fraction in use (0..1)",
+                labels=["replica"],
             ),
             "in_flight": GaugeMetricFamily(
                 "sloserve_replica_in_flight", "Requests sent and not ended", labels=["replica"]
@@ -181,6 +186,12 @@ class GatewayMetrics:
             self.client_errors.labels(reason)
         self._replicas = _ReplicaCollector(backend)
         reg.register(self._replicas)
+        self._engines: Collector | None = None
+        if backend.name == "emulated":  # by name: importing the emulated backend is heavy
+            from sloserve.serve.vllm_metrics import VllmEngineCollector
+
+            self._engines = VllmEngineCollector(backend)  # type: ignore[arg-type]
+            reg.register(self._engines)
         self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         """Set (by ``sloserve serve --workers N``): prometheus-client's multiprocess mode."""
 
@@ -194,6 +205,8 @@ class GatewayMetrics:
         reg = CollectorRegistry()
         multiprocess.MultiProcessCollector(reg, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
         reg.register(self._replicas)
+        if self._engines is not None:
+            reg.register(self._engines)
         return generate_latest(reg)
 
     def client_error(self, reason: str) -> None:
