@@ -248,7 +248,12 @@ def serve(
         int | None, typer.Option("--seed", help="Seed of output lengths and routers (0).")
     ] = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="uvicorn log level (warning hides access logs).")
+        str,
+        typer.Option(
+            "--log-level",
+            help="uvicorn log level (warning hides access logs); info also logs one line per "
+            "request (logger sloserve.serve).",
+        ),
     ] = "warning",
     config: ConfigOpt = None,
     *,
@@ -306,7 +311,7 @@ def serve(
     import uvicorn
 
     from sloserve.serve.api import create_app
-    from sloserve.serve.server import GatewayServer, server_options
+    from sloserve.serve.server import GatewayServer, log_config, server_options
 
     if workers > 1:
         from sloserve.serve.server import run_workers
@@ -320,6 +325,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=log_config(log_level),  # with the gateway's request log
         # a backstop: the gateway itself ends what is left after --drain-timeout
         timeout_graceful_shutdown=int(drain_timeout) + 5,
         **server_options(),  # uvloop and httptools when installed

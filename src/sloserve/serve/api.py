@@ -342,28 +342,31 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         try:
             greq, headers = _prepare(body, request, chat)
         except _ApiError as e:
-            metrics.count(status_of_http(e.status), _class_label(request, body))
+            metrics.count(status_of_http(e.status), _class_label(request, body), model=body.model)
             raise
         cls = greq.request_class.value
+        count = partial(metrics.count, request_class=cls, request_id=greq.request_id,
+                        model=greq.model)  # fmt: skip
         agen = backend.generate(greq)
         try:
             first = await _unless_disconnected(request, agen.__anext__())
         except _Disconnected:
             # Gone while queued: the backend's generator was cancelled and freed its slot.
-            metrics.count("cancelled", cls)
+            count("cancelled")
             return Response(status_code=499)
         except ServeError as e:
-            metrics.count(status_of_http(e.status), cls)
+            count(status_of_http(e.status))
             raise _serve_error(e) from None
         except StopAsyncIteration:
-            metrics.count("error", cls)
+            count("error")
             raise _ApiError(500, "the backend ended the request without a token") from None
         except BaseException as e:
             # a bug in the backend (a 500) or this handler cancelled: still counted, once
-            metrics.count("error" if isinstance(e, Exception) else "cancelled", cls)
+            count("error" if isinstance(e, Exception) else "cancelled")
             await _close(agen)
             raise
-        rec = RequestRecord(cls, arrival, greq.slo, greq.qoe)
+        rec = RequestRecord(cls, arrival, greq.slo, greq.qoe, request_id=greq.request_id,
+                            model=greq.model, prompt_tokens=greq.prompt_tokens)  # fmt: skip
         opts = body.stream_options
         factory = ChunkFactory(
             greq.request_id,
@@ -432,7 +435,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                     last = batch[-1]
                     if last.finish_reason is not None:
                         if last.prompt_tokens is not None:
-                            n_prompt = last.prompt_tokens
+                            n_prompt = rec.prompt_tokens = last.prompt_tokens
                         break
                     await write("".join(events).encode())
                     events.clear()
@@ -477,7 +480,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                 if chunk.finish_reason is not None:
                     finish = _finish(chunk)
                     if chunk.prompt_tokens is not None:
-                        n_prompt = chunk.prompt_tokens
+                        n_prompt = rec.prompt_tokens = chunk.prompt_tokens
                     break
             if finish is None:
                 raise ServeError("the backend ended the request without a finish reason")
