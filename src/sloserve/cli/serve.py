@@ -217,6 +217,15 @@ def serve(
     slo_preset: Annotated[
         str, typer.Option("--slo-preset", help="Per-class SLO defaults: bros, qlm, none.")
     ] = "bros",
+    objectives: Annotated[
+        Path | None,
+        typer.Option(
+            "--objectives",
+            metavar="FILE.yaml",
+            help="Named objectives for x-gateway-inference-objective: name -> {priority, "
+            "ttft_ms, tpot_ms} (priority: higher first, below zero sheddable).",
+        ),
+    ] = None,
     default_max_tokens: Annotated[
         int, typer.Option("--default-max-tokens", help="Chat max_tokens when a request has none.")
     ] = 256,
@@ -264,10 +273,12 @@ def serve(
 
     from sloserve.config import validation_message
     from sloserve.serve.api import GatewaySettings
+    from sloserve.serve.objectives import load_objectives
 
+    named = load_objectives(objectives) if objectives is not None else {}
     try:
         settings = GatewaySettings(
-            strict=strict, slo_preset=slo_preset,
+            strict=strict, slo_preset=slo_preset, objectives=named,
             default_max_tokens=default_max_tokens, pacing=pacing, drain_timeout_s=drain_timeout,
             request_read_timeout_s=request_read_timeout_s, max_body_bytes=max_body_bytes,
             workers=workers,
