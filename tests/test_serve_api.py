@@ -391,7 +391,7 @@ def test_metrics(server: LiveServer) -> None:
         'sloserve_slo_violations_total{class="rt",kind="ttft"}',
         'sloserve_replica_running{replica="replica-0"}',
         'sloserve_replica_waiting{replica="replica-0"}',
-        'sloserve_replica_kv_usage{replica="replica-0"}',
+        'sloserve_replica_kv_usage_ratio{replica="replica-0"}',
     ):  # fmt: skip
         assert name in text, name
     ok = next(

@@ -665,7 +665,7 @@ def test_gateway_metrics_show_upstreams(fakes: Any) -> None:
         text = httpx.get(url + "/metrics", timeout=5).text
         health = httpx.get(url + "/health", timeout=5)
     assert f'sloserve_replica_running{{replica="{u1}"}} 2.0' in text
-    assert f'sloserve_replica_kv_usage{{replica="{u1}"}} 0.5' in text
+    assert f'sloserve_replica_kv_usage_ratio{{replica="{u1}"}} 0.5' in text
     assert f'sloserve_replica_healthy{{replica="{u2}"}} 0.0' in text
     assert health.status_code == 200
 

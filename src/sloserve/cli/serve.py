@@ -217,6 +217,15 @@ def serve(
     slo_preset: Annotated[
         str, typer.Option("--slo-preset", help="Per-class SLO defaults: bros, qlm, none.")
     ] = "bros",
+    objectives: Annotated[
+        Path | None,
+        typer.Option(
+            "--objectives",
+            metavar="FILE.yaml",
+            help="Named objectives for x-gateway-inference-objective: name -> {priority, "
+            "ttft_ms, tpot_ms} (priority: higher first, below zero sheddable).",
+        ),
+    ] = None,
     default_max_tokens: Annotated[
         int, typer.Option("--default-max-tokens", help="Chat max_tokens when a request has none.")
     ] = 256,
@@ -248,7 +257,12 @@ def serve(
         int | None, typer.Option("--seed", help="Seed of output lengths and routers (0).")
     ] = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="uvicorn log level (warning hides access logs).")
+        str,
+        typer.Option(
+            "--log-level",
+            help="uvicorn log level (warning hides access logs); info also logs one line per "
+            "request (logger sloserve.serve).",
+        ),
     ] = "warning",
     config: ConfigOpt = None,
     *,
@@ -259,10 +273,12 @@ def serve(
 
     from sloserve.config import validation_message
     from sloserve.serve.api import GatewaySettings
+    from sloserve.serve.objectives import load_objectives
 
+    named = load_objectives(objectives) if objectives is not None else {}
     try:
         settings = GatewaySettings(
-            strict=strict, slo_preset=slo_preset,
+            strict=strict, slo_preset=slo_preset, objectives=named,
             default_max_tokens=default_max_tokens, pacing=pacing, drain_timeout_s=drain_timeout,
             request_read_timeout_s=request_read_timeout_s, max_body_bytes=max_body_bytes,
             workers=workers,
@@ -306,7 +322,7 @@ def serve(
     import uvicorn
 
     from sloserve.serve.api import create_app
-    from sloserve.serve.server import GatewayServer, server_options
+    from sloserve.serve.server import GatewayServer, log_config, server_options
 
     if workers > 1:
         from sloserve.serve.server import run_workers
@@ -320,6 +336,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=log_config(log_level),  # with the gateway's request log
         # a backstop: the gateway itself ends what is left after --drain-timeout
         timeout_graceful_shutdown=int(drain_timeout) + 5,
         **server_options(),  # uvloop and httptools when installed

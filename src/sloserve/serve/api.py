@@ -49,13 +49,15 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sloserve.core.errors import SloserveError
 from sloserve.serve.api_errors import _ApiError, _error_response, _param_of, _serve_error
 from sloserve.serve.api_inputs import (
     _HEADER_NAMES_MAX,
     _class_label,
+    _gateway_inputs,
     _header_list,
     _max_tokens_param,
     _slo_inputs,
@@ -74,6 +76,7 @@ from sloserve.serve.api_stream import (
 )
 from sloserve.serve.backend import Backend, GenerationRequest, ServeError, TokenChunk
 from sloserve.serve.metrics import GatewayMetrics, RequestRecord, status_of_http
+from sloserve.serve.objectives import Objective, check_objective_names
 from sloserve.serve.schemas import (
     AnyRequest,
     ChatCompletionRequest,
@@ -133,11 +136,25 @@ class GatewaySettings(BaseModel):
         default=32 * 2**20, ge=1024, le=2**30,
         description="largest request body (else 413); 32 MiB holds a 128k-token prompt",
     )  # fmt: skip
+    objectives: dict[str, Objective] = Field(
+        default_factory=dict,
+        description="named objectives a request selects with x-gateway-inference-objective "
+        "(name -> {priority, ttft_ms, tpot_ms}; priority: higher is more important, below "
+        "zero sheddable); an unknown name is a 400",
+    )
     workers: int = Field(
         default=1, ge=1, le=256,
         description="gateway processes sharing the port (sloserve serve --workers); above 1 "
         "the responses name their process in x-sloserve-worker-pid",
     )  # fmt: skip
+
+    @field_validator("objectives")
+    @classmethod
+    def _objective_names(cls, v: dict[str, Objective]) -> dict[str, Objective]:
+        try:
+            return check_objective_names(v)
+        except SloserveError as e:
+            raise ValueError(str(e)) from None
 
 
 def create_app(backend: Backend, settings: GatewaySettings | None = None) -> FastAPI:
@@ -288,7 +305,8 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                 f"model {body.model!r} does not exist; served: {', '.join(served)}",
                 param="model", code="model_not_found",
             )  # fmt: skip
-        cls, priority, slo, qoe = _slo_inputs(body, request, cfg.slo_preset)
+        objective, fairness_id = _gateway_inputs(request, cfg.objectives)
+        cls, priority, slo, qoe = _slo_inputs(body, request, cfg.slo_preset, objective)
         n_prompt = prompt_tokens(body)
         ctx = backend.max_context()
         asked = requested_max_tokens(body)
@@ -330,6 +348,8 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
             max_tokens=asked,
             arrival=time.monotonic(),
             priority=priority,
+            sheddable=objective is not None and objective.sheddable,
+            fairness_id=fairness_id,
             slo=slo,
             qoe=qoe,
             request_class=cls,
@@ -342,28 +362,31 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
         try:
             greq, headers = _prepare(body, request, chat)
         except _ApiError as e:
-            metrics.count(status_of_http(e.status), _class_label(request, body))
+            metrics.count(status_of_http(e.status), _class_label(request, body), model=body.model)
             raise
         cls = greq.request_class.value
+        count = partial(metrics.count, request_class=cls, request_id=greq.request_id,
+                        model=greq.model)  # fmt: skip
         agen = backend.generate(greq)
         try:
             first = await _unless_disconnected(request, agen.__anext__())
         except _Disconnected:
             # Gone while queued: the backend's generator was cancelled and freed its slot.
-            metrics.count("cancelled", cls)
+            count("cancelled")
             return Response(status_code=499)
         except ServeError as e:
-            metrics.count(status_of_http(e.status), cls)
+            count(status_of_http(e.status))
             raise _serve_error(e) from None
         except StopAsyncIteration:
-            metrics.count("error", cls)
+            count("error")
             raise _ApiError(500, "the backend ended the request without a token") from None
         except BaseException as e:
             # a bug in the backend (a 500) or this handler cancelled: still counted, once
-            metrics.count("error" if isinstance(e, Exception) else "cancelled", cls)
+            count("error" if isinstance(e, Exception) else "cancelled")
             await _close(agen)
             raise
-        rec = RequestRecord(cls, arrival, greq.slo, greq.qoe)
+        rec = RequestRecord(cls, arrival, greq.slo, greq.qoe, request_id=greq.request_id,
+                            model=greq.model, prompt_tokens=greq.prompt_tokens)  # fmt: skip
         opts = body.stream_options
         factory = ChunkFactory(
             greq.request_id,
@@ -432,7 +455,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                     last = batch[-1]
                     if last.finish_reason is not None:
                         if last.prompt_tokens is not None:
-                            n_prompt = last.prompt_tokens
+                            n_prompt = rec.prompt_tokens = last.prompt_tokens
                         break
                     await write("".join(events).encode())
                     events.clear()
@@ -477,7 +500,7 @@ def create_app(backend: Backend, settings: GatewaySettings | None = None) -> Fas
                 if chunk.finish_reason is not None:
                     finish = _finish(chunk)
                     if chunk.prompt_tokens is not None:
-                        n_prompt = chunk.prompt_tokens
+                        n_prompt = rec.prompt_tokens = chunk.prompt_tokens
                     break
             if finish is None:
                 raise ServeError("the backend ended the request without a finish reason")

@@ -1,8 +1,10 @@
 """What the gateway reads from a request besides its OpenAI body (FastAPI).
 
 The request's class, priority, SLO and QoE by precedence: body, then the ``x-slo-*`` and
-``x-request-class`` headers, then the class defaults of the SLO preset
-(:func:`_slo_inputs`, see :mod:`sloserve.serve.api`); the ``class`` metric label of a
+``x-request-class`` headers, then the named objective of ``x-gateway-inference-objective``,
+then the class defaults of the SLO preset (:func:`_slo_inputs`, see
+:mod:`sloserve.serve.api`); the Gateway API Inference Extension's headers
+(:func:`_gateway_inputs`); the ``class`` metric label of a
 request refused early; the field that set the output cap; the header listing unknown
 fields.
 """
@@ -16,6 +18,7 @@ from fastapi import Request
 
 from sloserve.core.request import SLO, QoESpec, RequestClass
 from sloserve.serve.api_errors import _ApiError
+from sloserve.serve.objectives import OBJECTIVE_NAME, Objective
 from sloserve.serve.schemas import (
     MS_MAX,
     AnyRequest,
@@ -77,8 +80,40 @@ def _class_label(request: Request, body: AnyRequest | None = None) -> str:
     return v if v in ("rt", "be") else "rt"
 
 
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+FAIRNESS_HEADER = "x-gateway-inference-fairness-id"
+_FAIRNESS_ID = re.compile(r"[!-~]{1,256}")
+"""A tenant id: 1-256 visible ASCII characters (no spaces)."""
+
+
+def _gateway_inputs(
+    request: Request, objectives: dict[str, Objective]
+) -> tuple[Objective | None, str | None]:
+    """The named objective and the fairness id of the Inference Extension's headers; 400
+    for an objective the gateway does not know (strict, as the Kubernetes gateway is)."""
+    name = _header(request, OBJECTIVE_HEADER)
+    objective = None
+    if name is not None:
+        objective = objectives.get(name)
+        if objective is None:
+            shown = name[:60] if OBJECTIVE_NAME.fullmatch(name) else repr(name[:60])
+            known = ", ".join(sorted(objectives)[:_HEADER_NAMES_MAX])
+            raise _ApiError(
+                400, f"unknown inference objective {shown}; "
+                + (f"known: {known}" if known else "the gateway has none (serve --objectives)"),
+                param=OBJECTIVE_HEADER, code="unknown_objective",
+            )  # fmt: skip
+    tenant = _header(request, FAIRNESS_HEADER)
+    if tenant is not None and not _FAIRNESS_ID.fullmatch(tenant):
+        raise _ApiError(
+            400, f"header {FAIRNESS_HEADER} must be 1-256 visible ASCII characters, "
+            f"got {tenant[:40]!r}", param=FAIRNESS_HEADER, code="invalid_value",
+        )  # fmt: skip
+    return objective, tenant
+
+
 def _slo_inputs(
-    body: AnyRequest, request: Request, preset: str
+    body: AnyRequest, request: Request, preset: str, objective: Objective | None = None
 ) -> tuple[RequestClass, int, SLO, QoESpec | None]:
     header_cls = _header(request, "x-request-class")  # checked even when the body's wins
     raw_cls = header_cls if body.request_class is None else body.request_class
@@ -91,6 +126,9 @@ def _slo_inputs(
     rule = SLO_PRESETS[preset][cls]
     ttft_ms = _header_ms(request, "x-slo-ttft-ms")
     tpot_ms = _header_ms(request, "x-slo-tpot-ms")
+    if objective is not None:
+        ttft_ms = ttft_ms if ttft_ms is not None else objective.ttft_ms
+        tpot_ms = tpot_ms if tpot_ms is not None else objective.tpot_ms
     deadline_ms = None
     if body.slo is not None:
         ttft_ms = body.slo.ttft_ms if body.slo.ttft_ms is not None else ttft_ms
@@ -102,7 +140,9 @@ def _slo_inputs(
         deadline_ms / 1000 if deadline_ms is not None else rule.deadline_s,
     )
     qoe = QoESpec(body.qoe.ttft_s, body.qoe.tokens_per_s) if body.qoe is not None else None
-    priority = body.priority if body.priority is not None else rule.priority
+    # an objective's priority is the Inference Extension's (higher first), ours vLLM's
+    fallback = rule.priority if objective is None else -objective.priority
+    priority = body.priority if body.priority is not None else fallback
     return cls, priority, slo, qoe
 
 

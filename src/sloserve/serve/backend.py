@@ -42,6 +42,12 @@ class GenerationRequest:
     """``time.monotonic()`` when the gateway accepted it."""
     priority: int = 0
     """Lower is served first (vLLM's convention)."""
+    sheddable: bool = False
+    """Dropped first under overload (429 ``shed``): a named objective of priority below
+    zero (the Gateway API Inference Extension's sheddable requests)."""
+    fairness_id: str | None = None
+    """The tenant (``x-gateway-inference-fairness-id``): the ``openai`` backend's gateway
+    queue serves tenants round-robin."""
     slo: SLO = field(default_factory=SLO)
     qoe: QoESpec | None = None
     request_class: RequestClass = RequestClass.RT

@@ -15,16 +15,30 @@ the simulated times divided by the scale).
 * ``sloserve_client_errors_total{reason}``: requests refused for how they were sent
   (:data:`CLIENT_ERRORS`: slow, oversize, malformed).
 * ``sloserve_slo_violations_total{class,kind}``: finished requests that missed a target.
+* ``sloserve_prompt_tokens_total{class}`` / ``sloserve_generation_tokens_total{class}``:
+  prompt tokens of the requests that received a token (their prefill ran) and tokens
+  delivered, counted when the request ends.
+* ``sloserve_slo_attainment_total{class,met}``: finished (``ok``) requests with at least one
+  target, by whether they met all of them (``met`` is ``true``/``false``); attainment is
+  ``met="true"`` over the sum.
 * ``sloserve_request_qoe``: Andes' QoE of finished requests that carried a ``qoe`` spec.
 * ``sloserve_queue_size``: requests accepted and not yet started: the replicas' waiting
   requests plus the backend's own queue (:attr:`Backend.queue_size`, the ``openai``
   backend's gateway queue);
-  ``sloserve_replica_running``, ``_waiting``, ``_kv_usage``, ``_in_flight``, ``_healthy``
-  per replica (read from the backend at scrape time).
+  ``sloserve_replica_running``, ``_waiting``, ``_kv_usage_ratio`` (a fraction 0..1:
+  Prometheus' ``_ratio`` convention), ``_in_flight``, ``_healthy`` per replica (read from
+  the backend at scrape time).
+
+Each request that ends is also logged, one line at INFO on the ``sloserve.serve`` logger:
+id, model, status, class, prompt and completion tokens, TTFT and e2e in ms, SLO met
+(``-`` where it does not apply).
+* The emulated backend's replicas also export vLLM's own metrics
+  (:mod:`sloserve.serve.vllm_metrics`), so that tools written for vLLM read them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Iterator
@@ -37,6 +51,8 @@ from prometheus_client.registry import Collector
 from sloserve.core.request import SLO, QoESpec
 from sloserve.metrics.qoe import andes_qoe
 from sloserve.serve.backend import Backend
+
+log = logging.getLogger("sloserve.serve")
 
 STATUSES = ("ok", "cancelled", "error", "rejected", "dropped", "unavailable")
 """``ok`` finished; ``cancelled`` the client went away; ``error`` the backend failed after
@@ -88,6 +104,10 @@ class RequestRecord:
     last: float = math.nan
     count: int = 0
     token_times: list[float] | None = None
+    request_id: str = "-"
+    model: str = "-"
+    prompt_tokens: int = 0
+    """Prompt length as the engine reported it at the end (else as the gateway counted it)."""
 
     def __post_init__(self) -> None:
         if self.qoe is not None and self.token_times is None:
@@ -123,7 +143,9 @@ class _ReplicaCollector(Collector):
                 "sloserve_replica_waiting", "Waiting requests", labels=["replica"]
             ),
             "kv_usage": GaugeMetricFamily(
-                "sloserve_replica_kv_usage", "KV cache fraction in use", labels=["replica"]
+                "sloserve_replica_kv_usage_ratio",
+                "KV cache fraction in use (0..1)",
+                labels=["replica"],
             ),
             "in_flight": GaugeMetricFamily(
                 "sloserve_replica_in_flight", "Requests sent and not ended", labels=["replica"]
@@ -174,13 +196,34 @@ class GatewayMetrics:
             "sloserve_client_errors", "Requests refused for how the client sent them",
             ["reason"], registry=reg,
         )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "sloserve_prompt_tokens", "Prompt tokens of requests that received a token",
+            ["class"], registry=reg,
+        )  # fmt: skip
+        self.generation_tokens = Counter(
+            "sloserve_generation_tokens", "Tokens delivered to clients", ["class"], registry=reg
+        )
+        self.attainment = Counter(
+            "sloserve_slo_attainment", "Finished requests with an SLO, by whether they met it",
+            ["class", "met"], registry=reg,
+        )  # fmt: skip
         for cls in ("rt", "be"):  # so that every series exists from the first scrape
             for st in STATUSES:
                 self.requests.labels(st, cls)
+            self.prompt_tokens.labels(cls)
+            self.generation_tokens.labels(cls)
+            for met in ("true", "false"):
+                self.attainment.labels(cls, met)
         for reason in CLIENT_ERRORS:
             self.client_errors.labels(reason)
         self._replicas = _ReplicaCollector(backend)
         reg.register(self._replicas)
+        self._engines: Collector | None = None
+        if backend.name == "emulated":  # by name: importing the emulated backend is heavy
+            from sloserve.serve.vllm_metrics import VllmEngineCollector
+
+            self._engines = VllmEngineCollector(backend)  # type: ignore[arg-type]
+            reg.register(self._engines)
         self._multiprocess_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
         """Set (by ``sloserve serve --workers N``): prometheus-client's multiprocess mode."""
 
@@ -194,23 +237,52 @@ class GatewayMetrics:
         reg = CollectorRegistry()
         multiprocess.MultiProcessCollector(reg, path=self._multiprocess_dir)  # type: ignore[no-untyped-call]
         reg.register(self._replicas)
+        if self._engines is not None:
+            reg.register(self._engines)
         return generate_latest(reg)
 
     def client_error(self, reason: str) -> None:
         """A request refused for how it was sent (one of :data:`CLIENT_ERRORS`)."""
         self.client_errors.labels(reason).inc()
 
-    def count(self, status: str, request_class: str) -> None:
+    def count(
+        self, status: str, request_class: str, request_id: str = "-", model: str = "-"
+    ) -> None:
         """A request that ended without streaming (an error before the first token)."""
         self.requests.labels(status, request_class).inc()
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "request id=%s model=%s status=%s class=%s prompt_tokens=- "
+                "completion_tokens=0 ttft_ms=- e2e_ms=- slo_met=-",
+                request_id, model, status, request_class,
+            )  # fmt: skip
 
     def finish(self, rec: RequestRecord, status: str) -> None:
         """A request that was accepted ended with ``status``; record its latencies."""
         cls = rec.request_class
         self.requests.labels(status, cls).inc()
         n = rec.count
-        if not n:
-            return
+        met = self._latencies(rec, status) if n else None
+        if n:
+            self.prompt_tokens.labels(cls).inc(rec.prompt_tokens)
+            self.generation_tokens.labels(cls).inc(n)
+        if met is not None:
+            self.attainment.labels(cls, "true" if met else "false").inc()
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "request id=%s model=%s status=%s class=%s prompt_tokens=%d "
+                "completion_tokens=%d ttft_ms=%s e2e_ms=%s slo_met=%s",
+                rec.request_id, rec.model, status, cls, rec.prompt_tokens, n,
+                _ms(rec.first - rec.arrival) if n else "-",
+                _ms(rec.last - rec.arrival) if n else "-",
+                "-" if met is None else str(met).lower(),
+            )  # fmt: skip
+
+    def _latencies(self, rec: RequestRecord, status: str) -> bool | None:
+        """Observe the latencies of a request that received tokens; whether it met its SLO
+        (``None``: it did not finish, or had no target)."""
+        cls = rec.request_class
+        n = rec.count
         ttft = rec.first - rec.arrival
         self.ttft.labels(cls).observe(ttft)
         tpot = (rec.last - rec.first) / (n - 1) if n > 1 else math.nan
@@ -219,16 +291,28 @@ class GatewayMetrics:
         duration = rec.last - rec.arrival
         self.duration.labels(cls).observe(duration)
         if status != "ok":
-            return
+            return None
         slo = rec.slo
-        if slo.ttft_s is not None and ttft > slo.ttft_s:
-            self.violations.labels(cls, "ttft").inc()
-        if slo.tpot_s is not None and n > 1 and tpot > slo.tpot_s:
-            self.violations.labels(cls, "tpot").inc()
-        if slo.deadline_s is not None and duration > slo.deadline_s:
-            self.violations.labels(cls, "deadline").inc()
+        missed = [
+            kind
+            for kind, target, value in (
+                ("ttft", slo.ttft_s, ttft),
+                ("tpot", slo.tpot_s if n > 1 else None, tpot),
+                ("deadline", slo.deadline_s, duration),
+            )
+            if target is not None and value > target
+        ]
+        for kind in missed:
+            self.violations.labels(cls, kind).inc()
         if rec.qoe is not None and rec.token_times:
             q = rec.qoe
             self.qoe.labels(cls).observe(
                 andes_qoe(rec.arrival, rec.token_times, q.ttft_s, q.tokens_per_s)
             )
+        if slo.ttft_s is None and slo.tpot_s is None and slo.deadline_s is None:
+            return None
+        return not missed
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}"

@@ -22,7 +22,8 @@ KV_NAMES = (
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",
     "sglang:token_usage",
-    "sloserve_replica_kv_usage",
+    "sloserve_replica_kv_usage_ratio",
+    "sloserve_replica_kv_usage",  # its earlier name (an older sloserve gateway upstream)
 )
 
 

@@ -55,6 +55,20 @@ def server_options() -> ServerOptions:
     return {"loop": "uvloop" if find_spec("uvloop") else "asyncio", "http": http}
 
 
+def log_config(log_level: str) -> dict[str, Any]:
+    """uvicorn's logging config plus the gateway's request log (logger ``sloserve.serve``,
+    one line per request at INFO) on uvicorn's stderr handler, at ``log_level``: shown
+    with ``--log-level info`` or ``debug``, hidden at the default ``warning``."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    level = "DEBUG" if log_level.lower() == "trace" else log_level.upper()
+    cfg["loggers"]["sloserve.serve"] = {"handlers": ["default"], "level": level, "propagate": False}
+    return cfg
+
+
 class GatewayServer(uvicorn.Server):
     """uvicorn's server, draining the gateway as soon as a shutdown starts.
 
@@ -87,6 +101,7 @@ def worker_app() -> Any:
 
 def _worker(config: uvicorn.Config, sock: socket.socket) -> None:
     """One worker process: the gateway on the shared listening socket."""
+    config.configure_logging()  # a spawned process starts with logging unconfigured
     GatewayServer(config).run(sockets=[sock])
 
 
@@ -117,7 +132,7 @@ def run_workers(
         config = uvicorn.Config(
             "sloserve.serve.server:worker_app", factory=True, host=host, port=port,
             log_level=log_level, timeout_graceful_shutdown=int(settings.drain_timeout_s) + 5,
-            **server_options(),
+            log_config=log_config(log_level), **server_options(),
         )  # fmt: skip
         sock = config.bind_socket()
         procs = [ctx.Process(target=_worker, args=(config, sock)) for _ in range(settings.workers)]

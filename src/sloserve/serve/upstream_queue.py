@@ -7,6 +7,17 @@ request is sent: the TTFT/queueing estimates, admission at arrival and while que
 (``429``/``503`` with ``Retry-After``), the queue order (``fcfs``, ``priority``, ``edf``)
 and the work-conserving hand-out of concurrency slots to the router's pick. The choices are
 told in :mod:`sloserve.serve.upstream`'s docstring.
+
+Two conventions of the Gateway API Inference Extension apply in the queue:
+
+* *sheddable* requests (:attr:`GenerationRequest.sheddable`, a named objective of priority
+  below zero) are dropped first: with the queue full, a sheddable arrival is refused (429
+  ``shed``) and a non-sheddable one takes the place of the least important sheddable waiter,
+  which gets the 429 ``shed`` instead;
+* tenants (:attr:`GenerationRequest.fairness_id`) share the slots fairly: within a
+  priority band (one band unless the order is ``priority``) free slots go round-robin
+  between tenants, each tenant's own requests in queue order. Requests without an id form
+  one tenant.
 """
 
 from __future__ import annotations
@@ -97,6 +108,8 @@ class GatewayQueue:
     _idle: asyncio.Event
     _stopping: bool
     _closed: bool
+    _rr_last: str | None = None
+    """The tenant that got the last slot (round-robin resumes after it)."""
 
     @property
     def in_flight(self) -> int:
@@ -218,11 +231,19 @@ class GatewayQueue:
             raise self._no_backend()
         waiting = self.queue_size
         has_slot = any(self._available(i) for i in range(len(self._ups)))
+        victim: _Waiter | None = None
         if c.admission != "none" and waiting >= c.max_queue and not has_slot:
-            retry = max(1.0, self._queue_wait_estimate(waiting))
-            raise self._reject(
-                f"gateway queue full ({waiting} waiting)", 429, "queue_full", math.ceil(retry)
-            )
+            retry = math.ceil(max(1.0, self._queue_wait_estimate(waiting)))
+            if req.sheddable:
+                raise self._reject(
+                    f"gateway queue full ({waiting} waiting): sheddable request dropped",
+                    429, "shed", retry,
+                )  # fmt: skip
+            victim = self._shed_victim()
+            if victim is None:
+                raise self._reject(
+                    f"gateway queue full ({waiting} waiting)", 429, "queue_full", retry
+                )
         if c.admission == "slo" and req.request_class is RequestClass.RT:
             target = self._target(req)
             # Only the waiters the queue order serves before this request delay it (with
@@ -237,6 +258,39 @@ class GatewayQueue:
                     "deadline",
                     math.ceil(max(1.0, self._queue_wait_estimate(ahead))),
                 )
+        if victim is not None:  # admitted: it takes the place of a sheddable waiter
+            victim.fut.set_exception(
+                self._reject(
+                    "dropped from the full gateway queue for a more important request",
+                    429, "shed", math.ceil(max(1.0, self._queue_wait_estimate(waiting))),
+                )
+            )  # fmt: skip
+
+    def _shed_victim(self) -> _Waiter | None:
+        """The least important sheddable waiter (lowest priority, then the latest)."""
+        shed = [w for w in self._queue if w.req.sheddable and not w.fut.done()]
+        return max(shed, key=lambda w: (w.req.priority, w.req.arrival, w.seq), default=None)
+
+    def _fair_order(self) -> list[_Waiter]:
+        """The waiters in the order free slots go to them: priority bands (with the
+        ``priority`` order), round-robin between tenants within a band starting after the
+        tenant served last, each tenant's requests in queue order."""
+        live = sorted(w for w in self._queue if not w.fut.done())
+        if all(w.req.fairness_id is None for w in live):
+            return live
+        bands: dict[float, dict[str, list[_Waiter]]] = {}
+        for w in live:
+            band = float(w.req.priority) if self.config.order == "priority" else 0.0
+            bands.setdefault(band, {}).setdefault(w.req.fairness_id or "", []).append(w)
+        out: list[_Waiter] = []
+        for band in sorted(bands):
+            tenants = sorted(bands[band])
+            last = self._rr_last
+            start = next((k for k, t in enumerate(tenants) if last is not None and t > last), 0)
+            queues = [bands[band][t] for t in tenants[start:] + tenants[:start]]
+            for k in range(max(len(q) for q in queues)):
+                out.extend(q[k] for q in queues if k < len(q))
+        return out
 
     def _available(self, i: int) -> bool:
         u = self._ups[i]
@@ -306,7 +360,7 @@ class GatewayQueue:
         if not self._queue or not any(self._available(i) for i in range(n)):
             return
         granted = False
-        for w in sorted(self._queue):
+        for w in self._fair_order():
             if w.fut.done():
                 continue
             if not any(self._available(i) for i in range(n)):
@@ -316,6 +370,7 @@ class GatewayQueue:
                 continue
             self._take(i, w.req)
             w.fut.set_result(i)
+            self._rr_last = w.req.fairness_id or ""
             granted = True
         if granted:
             self._queue = [w for w in self._queue if not w.fut.done()]
