@@ -7,11 +7,11 @@ constraints ``_app.add_bound_help`` appends to the flag's help."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from sloserve.core.bounds import bound_text, check_value
+from sloserve.core.bounds import Seed, Workers, bound_text, check_value
 from sloserve.core.errors import SloserveError
 
 
@@ -131,3 +131,10 @@ def polish_params(command: Any) -> None:
             p.metavar = ""
         elif p.opts and str(p.opts[0]).startswith("--"):
             p.metavar = str(p.opts[0])[2:].upper().replace("-", "_")
+
+
+# Options the paper reproductions share (one declaration, so their bounds and help agree).
+WorkersOpt = Annotated[
+    int | None, bounded(Workers, "--workers", help="Parallel processes (default: cores).")
+]
+WorkloadSeedOpt = Annotated[int, bounded(Seed, "--seed", help="Workload seed.")]

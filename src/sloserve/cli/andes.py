@@ -12,9 +12,8 @@ import typer
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
-from sloserve.cli._bounded import bounded
+from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt
 from sloserve.cli._progress import progress_bar
-from sloserve.core.bounds import Seed, Workers
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,10 +25,8 @@ def reproduce_andes(
     quick: Annotated[
         bool, typer.Option("--quick", help="Reduced grid on one profile (under 2 minutes).")
     ] = False,
-    seed: Annotated[int, bounded(Seed, "--seed", help="Workload seed.")] = 0,
-    workers: Annotated[
-        int | None, bounded(Workers, "--workers", help="Parallel processes (default: cores).")
-    ] = None,
+    seed: WorkloadSeedOpt = 0,
+    workers: WorkersOpt = None,
     executor: ExecutorOpt = None,
     burstgpt: Annotated[
         Path | None,

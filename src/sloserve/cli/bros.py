@@ -11,9 +11,9 @@ from pydantic import Field
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
-from sloserve.cli._bounded import bounded
+from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt, bounded
 from sloserve.cli._progress import progress_bar
-from sloserve.core.bounds import MAX_SECONDS, Count, Seed, Workers
+from sloserve.core.bounds import MAX_SECONDS, Count
 from sloserve.core.errors import ConfigError
 
 
@@ -56,10 +56,8 @@ def reproduce_bros(
     quick: Annotated[
         bool, typer.Option("--quick", help="Reduced grid (under 2 minutes on 2 cores).")
     ] = False,
-    seed: Annotated[int, bounded(Seed, "--seed", help="Workload seed.")] = 0,
-    workers: Annotated[
-        int | None, bounded(Workers, "--workers", help="Parallel processes (default: cores).")
-    ] = None,
+    seed: WorkloadSeedOpt = 0,
+    workers: WorkersOpt = None,
     executor: ExecutorOpt = None,
     policies: Annotated[
         str | None,

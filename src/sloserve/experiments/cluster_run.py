@@ -22,7 +22,7 @@ import dataclasses
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request
 from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_time
-from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
+from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.experiments.runner import (
     InstanceConfig,
@@ -48,6 +48,7 @@ from sloserve.experiments.runner import (
     _BatchFeeder,
     build_instance,
     fresh,
+    schedule_arrivals,
     workload_of,
 )
 from sloserve.metrics.summary import request_table, summarize
@@ -221,17 +222,7 @@ def simulate_cluster(
     for sw in ccfg.model_swaps:
         clu.schedule_model_swap(sw.replica, sw.at_s, sw.model)
     feeder = _BatchFeeder(cfg, workload.batch_jobs, env, clu, reqs) if workload.batch_jobs else None
-    feed: Iterator[Request] = iter(reqs)
-
-    def arrive(r: Request) -> None:  # the same event chain as runner.simulate
-        clu.add_request(r)
-        nxt = next(feed, None)
-        if nxt is not None:
-            env.schedule(nxt.arrival, lambda: arrive(nxt), PRIO_ARRIVAL)
-
-    first = next(feed, None)
-    if first is not None:
-        env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
+    schedule_arrivals(env, reqs, clu)  # the same event chain as runner.simulate
     total = len(reqs)
     clu.pending_arrivals = lambda: clu.submitted < total
     clu.start_controller()

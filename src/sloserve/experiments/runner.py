@@ -203,6 +203,24 @@ def workload_requests(cfg: SimConfig) -> list[Request]:
     return workload_of(cfg).requests
 
 
+def schedule_arrivals(env: Environment, requests: Sequence[Request], sink: RequestSink) -> None:
+    """Hand ``requests`` (sorted by arrival) to ``sink`` at their arrival times.
+
+    One pending arrival event at a time, each scheduling the next, so the heap never holds
+    the whole trace; a replica and a cluster see the very same event sequence."""
+    feed: Iterator[Request] = iter(requests)
+
+    def arrive(r: Request) -> None:
+        sink.add_request(r)
+        nxt = next(feed, None)
+        if nxt is not None:
+            env.schedule(nxt.arrival, lambda: arrive(nxt), PRIO_ARRIVAL)
+
+    first = next(feed, None)
+    if first is not None:
+        env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
+
+
 def simulate(
     cfg: SimConfig,
     requests: Sequence[Request] | Workload | None = None,
@@ -227,17 +245,7 @@ def simulate(
     feeder = (
         _BatchFeeder(cfg, workload.batch_jobs, env, inst, reqs) if workload.batch_jobs else None
     )
-    feed: Iterator[Request] = iter(reqs)
-
-    def arrive(r: Request) -> None:
-        inst.add_request(r)
-        nxt = next(feed, None)
-        if nxt is not None:
-            env.schedule(nxt.arrival, lambda: arrive(nxt), PRIO_ARRIVAL)
-
-    first = next(feed, None)
-    if first is not None:
-        env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
+    schedule_arrivals(env, reqs, inst)
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
     if horizon != math.inf:
         # An event at the horizon, so that no fast-forwarded run of iterations crosses it.
