@@ -1,25 +1,36 @@
-"""A real gateway on 127.0.0.1 for the serve tests: uvicorn in a thread, on a free port."""
+"""Shared by the serve tests: a real gateway on 127.0.0.1 (uvicorn in a thread, on a free
+port) with the API tests' recording server, fixtures and backends, and the upstream tests'
+fake OpenAI-compatible engine (FastAPI) with their request and backend helpers."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import openai
 import pandas as pd
+import pytest
 import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from sloserve.core.request import Request
+from sloserve.core.request import SLO, RequestClass
+from sloserve.core.request import Request as TraceRequest
 from sloserve.experiments.runner import InstanceConfig
 from sloserve.serve.api import GatewaySettings, create_app
-from sloserve.serve.backend import Backend
+from sloserve.serve.backend import Backend, GenerationRequest, ReplicaState, ServeError, TokenChunk
 from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
+from sloserve.serve.schemas import filler_text
 from sloserve.serve.server import GatewayServer, server_options
+from sloserve.serve.upstream import OpenAIUpstreamBackend
+from sloserve.serve.upstream_config import UpstreamConfig
 
 MODEL = "llama-2-7b"
 
@@ -79,7 +90,7 @@ def live_server(
 
 async def replay_over_http(
     base_url: str,
-    requests: Sequence[Request],
+    requests: Sequence[TraceRequest],
     time_scale: float,
     model: str = MODEL,
 ) -> pd.DataFrame:
@@ -91,7 +102,7 @@ async def replay_over_http(
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         t0 = time.monotonic() + 0.05
 
-        async def one(r: Request) -> dict[str, Any]:
+        async def one(r: TraceRequest) -> dict[str, Any]:
             await asyncio.sleep(max(0.0, t0 + r.arrival / time_scale - time.monotonic()))
             body = {
                 "model": model, "prompt": [7] * r.num_prompt_tokens,
@@ -116,3 +127,283 @@ async def replay_over_http(
 
         rows = await asyncio.gather(*(one(r) for r in requests))
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- the API tests
+class RecordingBackend(EmulatedBackend):
+    """The emulated backend, remembering the last request the API handed it."""
+
+    last: GenerationRequest | None = None
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        self.last = req
+        async for c in super().generate(req):
+            yield c
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    with live_server(emulated(RecordingBackend)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def expected_text(n: int) -> str:
+    return "".join(filler_text(i) for i in range(n))
+
+
+def sse_events(resp: httpx.Response) -> list[str]:
+    """The ``data:`` payloads of an SSE response, in order (blank-line separated)."""
+    raw = resp.text
+    assert raw.endswith("\n\n")
+    events = raw.split("\n\n")[:-1]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[len("data: ") :] for e in events]
+
+
+_MSG = [{"role": "user", "content": "hi"}]
+
+
+class FlakyBackend(Backend):
+    """Two tokens, then a failure; unhealthy when ``down``."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.down = False
+        self.closed = 0
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self, drain_timeout_s: float = 30.0) -> None:
+        pass
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        if self.down:
+            raise ServeError("no upstream is healthy", status=503, reason="no_backend")
+        try:
+            yield TokenChunk(" a", 1)
+            yield TokenChunk(" b", 1)
+            raise ServeError("upstream connection reset", status=502, reason="upstream_failed")
+        finally:
+            self.closed += 1
+
+    def replicas(self) -> Sequence[ReplicaState]:
+        return [ReplicaState("up", not self.down, 0, 0, float("nan"))]
+
+
+# ----------------------------------------------------------------------------- the upstream tests
+class FakeEngine:
+    """An OpenAI-compatible streaming server whose behaviour the test sets."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.mode = "ok"  # ok | status500 | status400 | drop | no_finish
+        self.tokens = 4
+        self.tokens_per_chunk = 1
+        self.delay = 0.0
+        self.drop_after = 1
+        self.healthy = True
+        self.metrics = ""
+        self.disconnected = 0
+        self.junk = "42"
+        """What ``junk`` mode sends as its only SSE data (valid JSON, not a chunk object)."""
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health() -> Any:
+            return PlainTextResponse("ok", status_code=200 if self.healthy else 503)
+
+        @app.get("/metrics")
+        async def metrics() -> Any:
+            return PlainTextResponse(self.metrics)
+
+        @app.get("/v1/models")
+        async def models() -> Any:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            return await self._answer(request, chat=False)
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            return await self._answer(request, chat=True)
+
+        self.app = app
+
+    async def _answer(self, request: Request, chat: bool) -> Any:
+        body = await request.json()
+        self.bodies.append(body)
+        if self.mode == "status500":
+            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
+        if self.mode == "status400":
+            return JSONResponse({"error": {"message": "bad max_tokens"}}, status_code=400)
+        mode, n, per, delay, drop_after = (
+            self.mode,
+            self.tokens,
+            self.tokens_per_chunk,
+            self.delay,
+            self.drop_after,
+        )
+
+        def chunk(text: str | None, finish: str | None) -> str:
+            if chat:
+                delta = {} if text is None else {"content": text}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish}
+            return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                if mode == "junk":
+                    yield "data: " + self.junk + "\n\n"
+                    return
+                if chat:
+                    yield (
+                        "data: "
+                        + json.dumps(
+                            {
+                                "choices": [
+                                    {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                                ]
+                            }
+                        )
+                        + "\n\n"
+                    )
+                for k in range(0, n, per):
+                    if mode == "drop" and k >= drop_after:
+                        raise RuntimeError("engine died")
+                    if mode == "stall" and k >= drop_after:
+                        await asyncio.sleep(30)  # alive but silent
+                    await asyncio.sleep(delay)
+                    yield chunk("t" * per, None)
+                if mode == "no_finish":
+                    return
+                yield chunk(None, "length")
+                usage = {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": n + 7}
+                yield "data: " + json.dumps({"choices": [], "usage": usage}) + "\n\n"
+                yield "data: [DONE]\n\n"
+            except asyncio.CancelledError:
+                self.disconnected += 1
+                raise
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _serve(app: FastAPI, lifespan: str = "off") -> tuple[str, uvicorn.Server, threading.Thread]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan=lifespan))
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "fake engine did not start"
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}", server, t
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[tuple[str, FakeEngine]]]:
+    out, servers = [], []
+    for _ in range(2):
+        fe = FakeEngine()
+        url, server, t = _serve(fe.app)
+        out.append((url, fe))
+        servers.append((server, t))
+    yield out
+    for server, t in servers:
+        server.should_exit = True
+        t.join(5)
+
+
+@pytest.fixture
+def fakes(engines: list[tuple[str, FakeEngine]]) -> list[tuple[str, FakeEngine]]:
+    for _, fe in engines:  # reset behaviour between tests (module-scoped servers)
+        fe.bodies.clear()
+        fe.mode, fe.tokens, fe.tokens_per_chunk, fe.delay = "ok", 4, 1, 0.0
+        fe.healthy, fe.metrics, fe.disconnected, fe.drop_after = True, "", 0, 1
+        fe.junk = "42"
+    return engines
+
+
+def greq(
+    *,
+    endpoint: str = "completions",
+    prompt: int = 10,
+    max_tokens: int = 4,
+    priority: int = 0,
+    slo: SLO | None = None,
+    arrival: float | None = None,
+    cls: RequestClass = RequestClass.RT,
+    body: dict[str, Any] | None = None,
+) -> GenerationRequest:
+    return GenerationRequest(
+        request_id="cmpl-t",
+        endpoint=endpoint,  # type: ignore[arg-type]
+        model="fake-model",
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        arrival=time.monotonic() if arrival is None else arrival,
+        priority=priority,
+        slo=slo or SLO(),
+        request_class=cls,
+        body=body if body is not None else {"model": "fake-model", "prompt": "hi"},
+    )
+
+
+async def collect(b: OpenAIUpstreamBackend, r: GenerationRequest) -> list[TokenChunk]:
+    return [c async for c in b.generate(r)]
+
+
+def run_backend(cfg: UpstreamConfig, fn: Any) -> Any:
+    async def main() -> Any:
+        b = OpenAIUpstreamBackend(cfg)
+        await b.start()
+        try:
+            return await fn(b)
+        finally:
+            await b.stop(1.0)
+
+    return asyncio.run(main())
+
+
+def offline_backend(**kw: Any) -> OpenAIUpstreamBackend:
+    kw.setdefault("upstreams", ("http://127.0.0.1:9",))
+    kw.setdefault("max_concurrency", 1)
+    kw.setdefault("health_interval_s", 0)
+    return OpenAIUpstreamBackend(UpstreamConfig(**kw))
+
+
+def grant_order(b: OpenAIUpstreamBackend, reqs: list[GenerationRequest]) -> list[int]:
+    """Fill the only slot, queue ``reqs`` in list order, free slots one by one."""
+
+    async def main() -> list[int]:
+        blocker = greq()
+        b._take(0, blocker)
+        order: list[int] = []
+
+        async def one(k: int, r: GenerationRequest) -> None:
+            i = await b._acquire(r, frozenset())
+            order.append(k)
+            await asyncio.sleep(0.01)
+            b._release(i, r, True)
+
+        tasks = []
+        for k, r in enumerate(reqs):
+            tasks.append(asyncio.create_task(one(k, r)))
+            await asyncio.sleep(0)
+        assert b.queue_size == len(reqs)
+        b._release(0, blocker, True)
+        await asyncio.gather(*tasks)
+        return order
+
+    return asyncio.run(main())

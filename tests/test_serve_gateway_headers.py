@@ -13,7 +13,17 @@ import httpx
 import pytest
 
 from cli_helpers import assert_user_error, run_main
-from serve_helpers import MODEL, emulated, live_server
+from serve_helpers import (  # noqa: F401  (engines, fakes: fixtures)
+    MODEL,
+    _serve,
+    emulated,
+    engines,
+    fakes,
+    grant_order,
+    greq,
+    live_server,
+    offline_backend,
+)
 from sloserve.core.errors import ConfigError
 from sloserve.serve.api import GatewaySettings, create_app
 from sloserve.serve.backend import GenerationRequest, ServeError, TokenChunk
@@ -21,14 +31,6 @@ from sloserve.serve.emulated import EmulatedBackend
 from sloserve.serve.objectives import Objective, load_objectives
 from sloserve.serve.upstream import OpenAIUpstreamBackend
 from sloserve.serve.upstream_config import UpstreamConfig
-from test_serve_upstream import (  # noqa: F401  (engines, fakes: fixtures)
-    _serve,
-    engines,
-    fakes,
-    grant_order,
-    greq,
-    offline_backend,
-)
 
 OBJECTIVES = {
     "chat": Objective(priority=10, ttft_ms=300, tpot_ms=50),
