@@ -372,7 +372,7 @@ def test_any_value_of_any_numeric_field_is_a_run_or_one_line(
 # EmulatedConfig, UpstreamConfig), which the command validates before it starts.
 _SERVE_SETTINGS = {
     "replicas", "time_scale", "max_queue", "max_concurrency", "retries", "breaker_failures",
-    "breaker_open_s", "health_interval_s", "connect_timeout_s", "read_timeout_s",
+    "breaker_open_s", "health_interval_s", "health_timeouts", "connect_timeout_s", "read_timeout_s",
     "queue_timeout_s", "default_max_tokens", "drain_timeout", "request_read_timeout_s",
     "max_body_bytes", "workers", "seed", "port",
 }

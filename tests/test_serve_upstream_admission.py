@@ -107,3 +107,93 @@ def test_slo_admission_counts_only_the_requests_served_before_it() -> None:
         await asyncio.gather(*low, return_exceptions=True)
 
     asyncio.run(main())
+
+
+def test_health_checks_tell_a_busy_engine_from_a_dead_one() -> None:
+    """A timed-out check is what a live engine on a loaded host gives: only
+    ``health_timeouts`` in a row mark it down, and a served stream brings it back. A refused
+    connection or an error status marks it down at once. (Found as 503s for queued
+    requests while the surviving upstream was merely slow to answer /health in CI.)"""
+    import httpx
+
+    answers: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        what = answers.pop(0)
+        if what == "timeout":
+            raise httpx.ReadTimeout("slow", request=request)
+        if what == "refused":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(int(what), text="")
+
+    async def main() -> None:
+        b = offline_backend(health_timeouts=2)
+        b._health_client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        u = b._ups[0]
+        answers.extend(["timeout"])
+        await b.check_health()
+        assert u.health_ok and u.health_timeouts == 1
+        b._admit(greq())  # still admitted: one slow answer is no death
+        answers.extend(["timeout"])
+        await b.check_health()
+        assert not u.health_ok
+        with pytest.raises(ServeError) as e:
+            b._admit(greq())
+        assert (e.value.status, e.value.reason) == (503, "no_backend")
+        # A stream served there since proves it alive again.
+        b._take(0, greq())
+        b._release(0, greq(), True)
+        assert u.health_ok and u.health_timeouts == 0
+        # A refused connection, or an explicit error status, is believed at once.
+        answers.extend(["refused"])
+        await b.check_health()
+        assert not u.health_ok
+        answers.extend(["200", "200", "200", "503"])  # /health, /metrics, /v1/models; /health
+        await b.check_health()
+        assert u.health_ok
+        await b.check_health()
+        assert not u.health_ok
+        b._take(0, greq())
+        b._release(0, greq(), True)  # a served stream does not overrule an explicit 503
+        assert not u.health_ok
+        await b._health_client.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_queued_request_is_refused_only_on_a_fresh_health_view() -> None:
+    """An upstream marked down by the last round (checked before it listened) is checked
+    again before a queued request would get 503 ``no_backend``; up, it serves it."""
+    import httpx
+
+    checks: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        checks.append(request.url.path)
+        return httpx.Response(404 if request.url.path == "/v1/models" else 200, text="")
+
+    async def main() -> None:
+        b = offline_backend(health_interval_s=60.0)
+        b._health_client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        u = b._ups[0]
+        blocker = greq()
+        b._take(0, blocker)
+        waiting = asyncio.create_task(b._acquire(greq(), frozenset()))
+        await asyncio.sleep(0)
+        u.health_ok = False  # the stale verdict of the last round
+        await asyncio.sleep(0.4)  # the waiter wakes, sees none healthy, re-checks
+        assert "/health" in checks and u.health_ok and not waiting.done()
+        b._release(0, blocker, True)
+        assert await asyncio.wait_for(waiting, 2) == 0
+        # Down for real: the fresh round confirms it and the refusal comes.
+        b._health_client = httpx.AsyncClient(
+            transport=httpx.MockTransport(lambda r: httpx.Response(503))
+        )
+        b._refreshed_at = 0.0
+        u.health_ok = False
+        with pytest.raises(ServeError) as e:
+            async for _ in b.generate(greq()):
+                pass
+        assert (e.value.status, e.value.reason) == (503, "no_backend")
+
+    asyncio.run(main())

@@ -180,6 +180,13 @@ def serve(
             "--health-interval-s", help="Openai: seconds between health checks/scrapes (2; 0 off)."
         ),
     ] = None,
+    health_timeouts: Annotated[
+        int | None,
+        typer.Option(
+            "--health-timeouts",
+            help="Openai: timed-out health checks in a row that mark an upstream down (3).",
+        ),
+    ] = None,
     connect_timeout_s: Annotated[
         float | None,
         typer.Option("--connect-timeout-s", help="Openai: upstream connect timeout (2)."),
@@ -306,6 +313,7 @@ def serve(
             "max_concurrency": max_concurrency, "seed": seed, "profile": flags.get("profile"),
             "retries": retries, "breaker_failures": breaker_failures,
             "breaker_open_s": breaker_open_s, "health_interval_s": health_interval_s,
+            "health_timeouts": health_timeouts,
             "connect_timeout_s": connect_timeout_s, "read_timeout_s": read_timeout_s,
             "queue_timeout_s": queue_timeout_s, "forward_priority": forward_priority,
             "forward_slo": forward_slo,

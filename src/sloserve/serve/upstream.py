@@ -34,11 +34,16 @@ Choices (all parameters of :class:`UpstreamConfig`):
   to ``retries`` times) on another upstream when one is healthy. A 4xx (other than 408 and
   429) is the request's fault, passed through and never retried. After the first token a
   failure ends the stream with :class:`ServeError` (the API sends an error event).
-- **Health.** Every ``health_interval_s`` the gateway GETs ``/health`` (one failure marks
-  the upstream unhealthy, one success healthy again: a killed engine stops getting traffic
-  within one interval), ``/metrics`` (engine load, see :mod:`~sloserve.serve.scrape`) and,
-  until it knows them, ``/v1/models``. A breaker opens after ``breaker_failures``
-  consecutive request failures (see :mod:`~sloserve.serve.breaker`).
+- **Health.** Every ``health_interval_s`` the gateway GETs ``/health`` (a refused
+  connection or an error status marks the upstream unhealthy, one success healthy again: a
+  killed engine stops getting traffic within one interval; a timed-out check counts only
+  after ``health_timeouts`` in a row, or a busy engine on a loaded host would be taken
+  for dead), ``/metrics`` (engine load, see :mod:`~sloserve.serve.scrape`) and, until it
+  knows them, ``/v1/models``. Before a request is refused with 503 ``no_backend`` the
+  gateway checks again at once: an engine that was down at the last round (one still
+  starting when the gateway did, say) may be up now; that round is shared by the requests
+  that ask while it runs and reused for ``REFRESH_MIN_S``. A breaker opens after
+  ``breaker_failures`` consecutive request failures (see :mod:`~sloserve.serve.breaker`).
 - **Tokens.** One token per streamed chunk that carries text; the upstream's final
   ``usage.completion_tokens`` corrects the count on the last chunk when it is larger.
 - **Priority.** Forwarded in the body only with ``forward_priority`` (vLLM rejects a
@@ -89,6 +94,8 @@ if TYPE_CHECKING:
     from sloserve.costmodel.base import CostModel
 
 logger = logging.getLogger(__name__)
+REFRESH_MIN_S = 0.2
+"""An on-demand health round younger than this is reused rather than run again."""
 
 
 class OpenAIUpstreamBackend(GatewayQueue, Backend):
@@ -121,6 +128,9 @@ class OpenAIUpstreamBackend(GatewayQueue, Backend):
         self._client: httpx.AsyncClient | None = None
         self._health_client: httpx.AsyncClient | None = None
         self._health_task: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Future[None] | None = None
+        """The on-demand health round in progress or last run (see ``_refresh_health``)."""
+        self._refreshed_at = 0.0
         self._stopping = False
         self._closed = False
         """The HTTP clients are closed (after the drain): nothing more can be sent."""
@@ -198,6 +208,8 @@ class OpenAIUpstreamBackend(GatewayQueue, Backend):
     # ------------------------------------------------------------------ generation
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        if not self._any_healthy(req):
+            await self._refresh_health()
         self._admit(req)
         avoid: frozenset[int] = frozenset()
         attempts = 0
@@ -332,7 +344,15 @@ class OpenAIUpstreamBackend(GatewayQueue, Backend):
         assert client is not None
         try:
             r = await client.get(u.url + "/health")
+            u.health_timeouts = 0
             u.health_ok = r.status_code < 400
+        except httpx.TimeoutException:
+            # A live engine busy streaming on a loaded host can miss one deadline; only
+            # ``health_timeouts`` in a row mark it down (a dead one refuses at once, below).
+            u.health_timeouts += 1
+            if u.health_timeouts >= self.config.health_timeouts:
+                u.health_ok = False
+            return
         except httpx.HTTPError:
             u.health_ok = False
         if not u.health_ok:
@@ -349,6 +369,23 @@ class OpenAIUpstreamBackend(GatewayQueue, Backend):
                 r = await client.get(u.url + "/v1/models")
                 if r.status_code == 200:
                     u.models = tuple(str(m["id"]) for m in r.json()["data"])
+
+    async def _refresh_health(self) -> None:
+        # One round at a time, shared by every request that asks while it runs; a round
+        # that ended less than REFRESH_MIN_S ago is fresh enough (a burst of refusals must
+        # not become a burst of checks).
+        if self.config.health_interval_s <= 0 or self._health_client is None or self._closed:
+            return
+        if self._refresh is None or (
+            self._refresh.done() and time.monotonic() - self._refreshed_at > REFRESH_MIN_S
+        ):
+            self._refresh = asyncio.ensure_future(self._refresh_round())
+        await asyncio.shield(self._refresh)
+
+    async def _refresh_round(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.check_health()
+        self._refreshed_at = time.monotonic()
 
     async def _health_loop(self) -> None:
         while True:

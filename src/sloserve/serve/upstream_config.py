@@ -57,6 +57,10 @@ class UpstreamConfig(BaseModel):
     """Seconds between health checks and metric scrapes (0 disables them)."""
     health_timeout_s: Seconds = 1.0
     """Timeout of one health check or scrape."""
+    health_timeouts: int = Field(default=3, ge=1, le=MAX_COUNT)
+    """Consecutive timed-out health checks that mark an upstream unhealthy. A refused
+    connection or an error status marks it at once; a timeout alone is what a busy but
+    live engine gives on a loaded host, so one is not taken as death."""
     forward_priority: bool = False
     """Send the request's ``priority`` to the engine (vLLM's priority scheduling)."""
     forward_slo: bool = False

@@ -61,6 +61,8 @@ class _Upstream:
     breaker: CircuitBreaker
     health_ok: bool = True
     """Optimistic until the first check: a gateway started before its engines still works."""
+    health_timeouts: int = 0
+    """Health checks in a row that timed out (reset by any answer or a served stream)."""
     in_flight: int = 0
     queued_prompt_tokens: int = 0
     """Prompt tokens sent there whose first token has not come back yet."""
@@ -214,6 +216,10 @@ class GatewayQueue:
     ) -> ServeError:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         return ServeError(message, status=status, reason=reason, retry_after_s=retry_after)
+
+    async def _refresh_health(self) -> None:
+        """Re-check the upstreams now, before a request is refused for want of a healthy
+        one (the backend overrides this; here, with no checks to run, nothing changes)."""
 
     def _no_backend(self) -> ServeError:
         waits = [u.breaker.retry_after_s() for u in self._ups]
@@ -400,10 +406,16 @@ class GatewayQueue:
                 self._pump()
                 if w.fut.done():
                     break
-                now = time.monotonic()
                 if not self._any_healthy(req):
-                    w.fut.cancel()
-                    raise self._no_backend()
+                    # Refuse only on a fresh view: an upstream marked down by the last
+                    # round (say, one checked before it had started) may be up by now.
+                    await self._refresh_health()
+                    if w.fut.done():
+                        break
+                    if not self._any_healthy(req):
+                        w.fut.cancel()
+                        raise self._no_backend()
+                now = time.monotonic()
                 if now - req.arrival > c.queue_timeout_s:
                     w.fut.cancel()
                     raise self._reject(
@@ -439,6 +451,11 @@ class GatewayQueue:
         permit = u.permits.pop(id(req), BreakerPermit(None))
         if ok is True:
             u.breaker.record_success()
+            # A served stream proves the engine alive: it undoes a mark-down that only
+            # timed-out health checks made (an explicit unhealthy answer stays).
+            if u.health_timeouts:
+                u.health_ok = u.health_ok or u.health_timeouts >= self.config.health_timeouts
+                u.health_timeouts = 0
         elif ok is False:
             u.breaker.record_failure()
             u.failed += 1
