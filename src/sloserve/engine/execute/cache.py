@@ -99,7 +99,7 @@ class PagedKVCache:
     def track(self, req: Request) -> None:
         """Start (or restart, after a recompute preemption) following ``req``."""
         seq = self.seqs.get(req.req_id)
-        if seq is None or req.num_computed_tokens == 0:
+        if seq is None or seq.req is not req or req.num_computed_tokens == 0:
             self.seqs[req.req_id] = _Seq(req)
 
     def slots_of(self, req_id: int, stop: int) -> list[int]:
