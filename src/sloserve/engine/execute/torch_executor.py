@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sloserve.costmodel.base import CostModel
+from sloserve.costmodel.base import BatchStats, CostModel
 from sloserve.engine.execute.cache import PagedKVCache
 from sloserve.engine.execute.runner import ModelRunner, SeqWork
 from sloserve.engine.execute.weights import LoadedModel
@@ -39,6 +39,9 @@ class IterationRecord:
     num_tokens: int
     measured_s: float
     predicted_s: float
+    stats: BatchStats | None = None
+    """What the cost model priced (to score the same iteration against another model)."""
+    overlap_swap: bool = False
 
 
 class TorchExecutor:
@@ -161,7 +164,9 @@ class TorchExecutor:
             else "decode"
         )
         predicted = price(self.cost_model, st, batch.overlap_swap)
-        self.records.append(IterationRecord(kind, st.total_tokens, measured, predicted))
+        self.records.append(
+            IterationRecord(kind, st.total_tokens, measured, predicted, st, batch.overlap_swap)
+        )
         if self.on_tokens is not None:
             self.on_tokens(picks)
         return measured
