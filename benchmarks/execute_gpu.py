@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from sloserve.costmodel.profile import load_profile
 from sloserve.engine.execute import load_model, timing_report
 from sloserve.engine.execute.torch_executor import IterationRecord
 from sloserve.engine.executor import price
