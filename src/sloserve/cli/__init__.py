@@ -16,6 +16,7 @@ from sloserve.cli import (  # noqa: F401  (imported for their command registrati
     sweep,
     workload,
     costmodel,
+    execute,
     catalog,
     andes,
     bros,

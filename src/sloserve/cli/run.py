@@ -29,6 +29,15 @@ from sloserve.cli._app import (
 )
 from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cluster_config
 from sloserve.cli._progress import Bar, progress_bar
+from sloserve.cli.execute import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelPathOpt,
+    ModelSpecOpt,
+    check_executor,
+    load,
+    print_timing,
+)
 from sloserve.config import builtin_config
 from sloserve.core.errors import SloserveError, did_you_mean
 
@@ -108,11 +117,25 @@ def simulate(
     result_format: ResultFormatOpt = "sloserve",
     chrome_trace: ChromeTraceOpt = None,
     trace_decisions: TraceDecisionsOpt = False,
+    executor: Annotated[
+        str,
+        typer.Option(
+            "--executor",
+            metavar="cost-model|torch",
+            help="What runs each iteration: the profile's cost model, or a real PyTorch "
+            "model (execute mode: --model-spec or --model, --device).",
+        ),
+    ] = "cost-model",
+    model_spec: ModelSpecOpt = None,
+    model: ModelPathOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
     *,
     flags: dict[str, Any],
 ) -> None:
     """Simulate one policy on one replica (or a cluster: --replicas, --router, or a YAML
-    'cluster:' section) and print its summary."""
+    'cluster:' section) and print its summary. With --executor torch every iteration is a
+    real forward pass and the summary adds measured vs predicted iteration times."""
     from sloserve.experiments.report import jsonable, run_caption, run_info, write_report
     from sloserve.experiments.runner import simulate as run_one
 
@@ -130,7 +153,16 @@ def simulate(
     from sloserve.policies.registry import make_policy
 
     make_policy(cfg.policy, cfg.policy_params)
-    if cluster is None:
+    execute = check_executor(executor)
+    if execute and cluster is not None:
+        raise SloserveError("--executor torch runs one replica (no --replicas / cluster)")
+    if execute:
+        from sloserve.experiments.execute_run import simulate_execute
+
+        result, _ex = simulate_execute(cfg, load(model_spec, model, device, dtype))
+    elif model_spec is not None or model is not None:
+        raise SloserveError("--model-spec / --model need --executor torch")
+    elif cluster is None:
         result = run_one(cfg)
     else:
         from sloserve.experiments.cluster_run import simulate_cluster
@@ -158,6 +190,8 @@ def simulate(
     )
     if cluster is not None:
         console.print(_replica_table(result.summary))
+    if execute:
+        print_timing(result.summary)
     _note_rejections({name: result})
     if out is not None:
         console.print(f"report written to {out}")

@@ -1,8 +1,9 @@
-"""One serving replica: queues, a KV cache, a policy and a cost-model executor.
+"""One serving replica: queues, a KV cache, a policy and an executor.
 
 Each iteration follows DESIGN.md's engine step: the policy chooses
 (``schedule(view)``), the instance validates and applies the choice (evictions, swaps,
-KV allocation), the executor prices the batch with the cost model, and when the iteration
+KV allocation), the executor (:mod:`~sloserve.engine.executor`: the cost model by default,
+a real model in execute mode) says how long the batch takes, and when the iteration
 ends the instance emits tokens and finishes requests. Timing: a request is admitted and its
 KV allocated when its iteration starts; its tokens are delivered when the iteration ends.
 
@@ -36,6 +37,7 @@ from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
+from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor
 from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
@@ -98,8 +100,10 @@ class Instance:
         multi_step: bool = True,
         check_invariants: bool = False,
         on_done: Callable[[Request], None] | None = None,
+        executor: Executor | None = None,
     ) -> None:
         self.env = env
+        self.executor: Executor = executor or CostModelExecutor(cost_model)
         self.scheduler = scheduler
         self.cost_model = cost_model
         self.limits = limits
@@ -296,7 +300,8 @@ class Instance:
     def _apply(self, out: SchedulerOutput, now: float) -> _Pending:
         # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
         # moves KV itself (restores), which only a single step prices.
-        if out.repeatable and not out.preempt and not out.swap_in and not self.kv.exact_fit:
+        fast = self.executor.fast_forward and not self.kv.exact_fit
+        if fast and out.repeatable and not out.preempt and not out.swap_in:
             run = plan_run(self, out, now)
             if run is not None:
                 return apply_run(self, out, now, run)
@@ -364,7 +369,6 @@ class Instance:
             )
 
         swap_tokens += kv.take_transfer_tokens()  # lazy checkpoints and restores (BROS)
-        cm = self.cost_model
         stats = BatchStats(
             num_prefill_tokens=prefill,
             num_prefill_seqs=n_prefill_seqs,
@@ -373,10 +377,9 @@ class Instance:
             decode_context_sum=ctx,
             swap_tokens=swap_tokens,
         )
-        ex, sw = cm.batch_time(stats), cm.swap_time(swap_tokens)
-        dur = max(ex, sw) if self.scheduler.overlap_swap else ex + sw
+        dur = self.executor.run(ExecBatch(batch, stats, self.scheduler.overlap_swap, kv))
         if not dur > 0:
-            raise self._violation("batch", f"cost model {cm.name!r} priced the batch at {dur}s")
+            raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
         return self._record(batch, ends, tokens, now, kv_before, fast=False)
 
@@ -458,6 +461,12 @@ class Instance:
                         runs.append(first)
                     if r.num_output_tokens >= r.true_output_len:
                         finished.append(r)
+        stops = self.executor.take_stops()
+        if stops:  # end-of-sequence sampled (execute mode): the request ends here
+            for r, _n in pending.batch:
+                if r.req_id in stops and r.num_output_tokens < r.true_output_len:
+                    r.true_output_len = r.num_output_tokens
+                    finished.append(r)
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)

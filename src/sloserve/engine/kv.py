@@ -177,6 +177,13 @@ class KVCacheManager(ABC):
     def check_invariants(self) -> None:
         """Raise :class:`KVInvariantError` if any block is lost, duplicated or miscounted."""
 
+    def slot_runs(self, req_id: int) -> list[tuple[int, int]]:
+        """The physical cache slots the request's GPU KV occupies, as ``(first slot,
+        count)`` runs (slot = block * block_size + offset). Execute mode lays the real KV
+        cache out by these (:mod:`sloserve.engine.execute`); a paged manager lists them in
+        token order. Required to run a real model on this manager."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its slots")
+
 
 class PagedKVManager(KVCacheManager):
     """vLLM's paged KV cache: fixed-size blocks, a request's blocks need not be contiguous.
@@ -319,6 +326,14 @@ class PagedKVManager(KVCacheManager):
             else:
                 hi = mid - 1
         return lo
+
+    def slot_runs(self, req_id: int) -> list[tuple[int, int]]:
+        table = self._tables.get(req_id)
+        if not table:
+            return []
+        bs = self.block_size
+        last = self._tokens[req_id] - (len(table) - 1) * bs
+        return [(b * bs, bs) for b in table[:-1]] + [(table[-1] * bs, last)]
 
     def can_swap_out(self, req_id: int) -> bool:
         return self.num_request_blocks(req_id) <= self.cpu.free_blocks

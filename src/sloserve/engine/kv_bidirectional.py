@@ -525,6 +525,13 @@ class BidirectionalKVManager(KVCacheManager):
         self._tokens[req_id] = tokens
         return tokens
 
+    def slot_runs(self, req_id: int) -> list[tuple[int, int]]:
+        # RT slots are a block's left end, BE slots its right end (module docstring).
+        bs, table = self.block_size, self._tables.get(req_id, ())
+        if self._is_rt.get(req_id, True):
+            return [(b * bs, self.lcount[b]) for b in table]
+        return [((b + 1) * bs - self.rcount[b], self.rcount[b]) for b in table]
+
     def drop_swapped(self, req_id: int) -> None:
         tokens = self._swapped.pop(req_id, None)
         if tokens is not None:

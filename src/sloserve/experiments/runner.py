@@ -23,6 +23,7 @@ from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import CostModel, parse_cost_model
 from sloserve.costmodel.profile import GIB, ReplicaProfile, load_profile
 from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
+from sloserve.engine.executor import Executor
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.metrics.qoe import consumption_times
@@ -152,6 +153,7 @@ def build_instance(
     check_invariants: bool = False,
     instance_id: int = 0,
     profile: ReplicaProfile | None = None,
+    executor: Executor | None = None,
 ) -> Instance:
     """The replica of ``cfg``: profile, limits, policy and predictor wired together.
 
@@ -189,6 +191,7 @@ def build_instance(
         multi_step=icfg.multi_step,
         check_invariants=check_invariants,
         instance_id=instance_id,
+        executor=executor,
     )
 
 
@@ -226,8 +229,12 @@ def simulate(
     requests: Sequence[Request] | Workload | None = None,
     *,
     check_invariants: bool = False,
+    executor: Executor | None = None,
 ) -> RunResult:
     """Run one policy on one replica until every request ends (or ``horizon_s``).
+
+    ``executor`` runs each iteration instead of the profile's cost model (execute mode);
+    the clock then advances by what it reports (measured wall time).
 
     ``requests`` (a list or a :class:`Workload`) replays those requests instead of building
     the config's workload; closed-loop batch jobs come from the workload (or the config).
@@ -241,7 +248,7 @@ def simulate(
         workload = workload_of(cfg)
     reqs = fresh(workload.requests)
     env = Environment()
-    inst = build_instance(cfg, env, check_invariants=check_invariants)
+    inst = build_instance(cfg, env, check_invariants=check_invariants, executor=executor)
     feeder = (
         _BatchFeeder(cfg, workload.batch_jobs, env, inst, reqs) if workload.batch_jobs else None
     )

@@ -22,7 +22,7 @@ Choices
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,8 +156,19 @@ class LlamaModel:
     """
 
     def __init__(
-        self, spec: ModelSpec, *, device: str = "cpu", dtype: str = "float32", seed: int = 0
+        self,
+        spec: ModelSpec,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        seed: int = 0,
+        weights: Mapping[str, Any] | None = None,
+        rope_theta: float = ROPE_THETA,
+        rms_eps: float = RMS_EPS,
     ) -> None:
+        """Random weights from ``seed``, or ``weights`` by our names (``embed``,
+        ``final_norm``, ``lm_head``, ``layers.{i}.{w_qkv,...}``; execute mode maps a
+        checkpoint onto them, :mod:`sloserve.engine.execute.weights`)."""
         _check_spec(spec)
         torch = _torch()
         self.torch = torch
@@ -165,34 +176,44 @@ class LlamaModel:
         self.spec = spec
         self.device = torch.device(device)
         self.dtype = getattr(torch, _DTYPES[dtype])
+        self.rms_eps = rms_eps
         gen = torch.Generator(device="cpu").manual_seed(seed)
         h, d = spec.hidden_size, spec.head_dim
         nq, nkv, inter = spec.num_heads, spec.num_kv_heads, spec.intermediate_size
 
-        def w(rows: int, cols: int) -> Any:
-            t = torch.randn(rows, cols, generator=gen) * (cols**-0.5)
+        def w(name: str, rows: int, cols: int) -> Any:
+            if weights is not None:
+                t = weights[name]
+                if tuple(t.shape) != (rows, cols):
+                    raise ConfigError(
+                        f"weight {name}: shape {tuple(t.shape)}, expected {(rows, cols)}"
+                    )
+            else:
+                t = torch.randn(rows, cols, generator=gen) * (cols**-0.5)
             return t.to(device=self.device, dtype=self.dtype)
 
-        def ones(n: int) -> Any:
+        def ones(name: str, n: int) -> Any:
+            if weights is not None:
+                return weights[name].to(device=self.device, dtype=self.dtype)
             return torch.ones(n, device=self.device, dtype=self.dtype)
 
         self.gated = bool(getattr(spec, "gated_mlp", True))
         self.tied = bool(getattr(spec, "tied_embeddings", False))
-        self.embed = w(spec.vocab_size, h)
+        self.embed = w("embed", spec.vocab_size, h)
         self.layers = [
             _Layer(
-                w_in_norm=ones(h),
-                w_qkv=w((nq + 2 * nkv) * d, h),
-                w_o=w(h, nq * d),
-                w_post_norm=ones(h),
-                w_gate_up=w((2 if self.gated else 1) * inter, h),
-                w_down=w(h, inter),
+                w_in_norm=ones(f"layers.{i}.w_in_norm", h),
+                w_qkv=w(f"layers.{i}.w_qkv", (nq + 2 * nkv) * d, h),
+                w_o=w(f"layers.{i}.w_o", h, nq * d),
+                w_post_norm=ones(f"layers.{i}.w_post_norm", h),
+                w_gate_up=w(f"layers.{i}.w_gate_up", (2 if self.gated else 1) * inter, h),
+                w_down=w(f"layers.{i}.w_down", h, inter),
             )
-            for _ in range(spec.num_layers)
+            for i in range(spec.num_layers)
         ]
-        self.final_norm = ones(h)
-        self.lm_head = self.embed if self.tied else w(spec.vocab_size, h)
-        inv = 1.0 / (ROPE_THETA ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        self.final_norm = ones("final_norm", h)
+        self.lm_head = self.embed if self.tied else w("lm_head", spec.vocab_size, h)
+        inv = 1.0 / (rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         ang = torch.outer(torch.arange(spec.max_context, dtype=torch.float32), inv)
         self.cos = ang.cos().to(device=self.device, dtype=self.dtype)
         self.sin = ang.sin().to(device=self.device, dtype=self.dtype)
@@ -304,7 +325,7 @@ class LlamaModel:
 
     def _rms(self, x: Any, w: Any) -> Any:
         xf = x.float()
-        xf = xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+        xf = xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.rms_eps)
         return xf.to(self.dtype) * w
 
     def _rope(self, x: Any, cos: Any, sin: Any) -> Any:
