@@ -21,13 +21,15 @@ import numpy as np
 
 from sloserve.core.errors import ConfigError
 
+IntsLike = Sequence[int] | np.ndarray
+
 
 class LengthPredictor:
     """Conditional-mean output length given the prompt length (module docstring)."""
 
     oracle = False
 
-    def __init__(self, prompts: Sequence[int], outputs: Sequence[int], bins: int = 8) -> None:
+    def __init__(self, prompts: IntsLike, outputs: IntsLike, bins: int = 8) -> None:
         p = np.asarray(prompts, dtype=np.int64)
         o = np.asarray(outputs, dtype=np.int64)
         if len(p) == 0 or len(p) != len(o):
