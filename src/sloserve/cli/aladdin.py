@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import app, console
+from sloserve.cli._app import app, console, reproduce_app
 from sloserve.cli._bounded import bounded
 from sloserve.core.bounds import Fraction, Millis
 from sloserve.core.errors import ConfigError
@@ -140,3 +140,36 @@ def aladdin_config(
         )
     console.print(t)
     console.print(f"best: {wc.best_gpus} GPU(s) per worker", highlight=False)
+
+
+@reproduce_app.command("aladdin")
+def reproduce_aladdin(
+    out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("runs/aladdin"),
+    quick: Annotated[
+        bool, typer.Option("--quick", help="One scenario, two rates (well under a minute).")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Workload seed.", min=0)] = 0,
+) -> None:
+    """Aladdin §6.4 (Fig. 11) in simulation: the fewest GPUs meeting the SLOs per router and
+    rate, Aladdin's analytic N_w beside them, and the headline beside the paper's."""
+    from sloserve.experiments.aladdin import Plan, reproduce
+
+    plan = Plan.quick(seed) if quick else Plan.full(seed)
+    rep = reproduce(plan, out)
+    t = Table("scenario", "arm", "rate", "GPUs", "attainment", title="GPUs needed for the SLOs")
+    for r in rep.gpus.itertuples():
+        t.add_row(str(r.scenario), str(r.arm), f"{r.rate:g}", str(r.gpus), f"{r.attainment:.1%}")
+    console.print(t)
+    h = Table("scenario", "comparison", "ours", "paper", title="Headline: GPU change of Aladdin")
+    for sc, d in rep.headline["ours"].items():
+        for k, v in d.items():
+            paper = rep.headline["paper"].get(k)
+            h.add_row(sc, k, f"{v:+.0%}", "-" if paper is None else f"{paper:+.0%}")
+    console.print(h)
+    for sc, law in rep.headline["worker_law"].items():
+        console.print(
+            f"{sc}: N_w = ceil({law['k5']:.3g}·r + {law['c5']:.3g}); predicted GPUs "
+            f"{law['predicted']} vs simulated {law['simulated']}",
+            highlight=False,
+        )
+    console.print(f"gpus.csv, headline.json and gpus_vs_rate.png written to {out}", highlight=False)
