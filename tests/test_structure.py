@@ -52,9 +52,7 @@ def test_imports_point_downward_only() -> None:
     exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     if exe is None:
         pytest.fail("import-linter is not installed (it is in the dev extra)")
-    res = subprocess.run(
-        [exe, "--no-cache"], cwd=SRC.parents[1], capture_output=True, text=True
-    )
+    res = subprocess.run([exe, "--no-cache"], cwd=SRC.parents[1], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:]
 
 
@@ -64,6 +62,12 @@ def test_each_paper_lives_in_one_shape() -> None:
     docs = SRC.parents[1] / "docs" / "papers"
     for paper in ("andes", "bros", "infermax"):
         assert (SRC / "policies" / paper / "__init__.py").is_file(), paper
+        assert (SRC / "experiments" / paper / "__init__.py").is_file(), paper
+        assert (SRC / "cli" / f"{paper}.py").is_file(), paper
+        assert (docs / f"{paper}.md").is_file(), paper
+    # Cluster-level papers keep their controllers in cluster/<paper>/ instead of policies/.
+    for paper in ("aladdin",):
+        assert (SRC / "cluster" / paper / "__init__.py").is_file(), paper
         assert (SRC / "experiments" / paper / "__init__.py").is_file(), paper
         assert (SRC / "cli" / f"{paper}.py").is_file(), paper
         assert (docs / f"{paper}.md").is_file(), paper

@@ -21,6 +21,7 @@ from sloserve.cli import (  # noqa: F401  (imported for their command registrati
     andes,
     bros,
     infermax,
+    aladdin,
     serve,
 )
 

@@ -96,3 +96,6 @@ __all__ = [
     "register_router",
     "router_names",
 ]
+
+# Aladdin's router registers itself (it lives in its own package, above routing).
+import sloserve.cluster.aladdin.router  # noqa: F401

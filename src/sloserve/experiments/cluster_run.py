@@ -24,14 +24,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from sloserve.cluster.cluster import Cluster
 from sloserve.cluster.config import ClusterConfig
-from sloserve.cluster.controller import UtilisationAutoscaler
+from sloserve.cluster.controller import Controller, UtilisationAutoscaler
 from sloserve.cluster.models import ModelRegistry, model_name_of
 from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
@@ -199,6 +199,7 @@ def simulate_cluster(
     rparams = dict(ccfg.router_params)
     seed = int(rparams.pop("seed", cfg.workload.seed))
     router = make_router(ccfg.router, rparams, seed=seed)
+    _bind_router(router, profiles[0], gcfgs[0], reqs)
     pd = ccfg.disaggregated
     clu = Cluster(
         env,
@@ -208,7 +209,13 @@ def simulate_cluster(
         loader=_Loader(registry),
         cold_start=ccfg.cold_start,
         admission=ccfg.admission.build(),
-        controller=UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None,
+        controller=(
+            UtilisationAutoscaler(ccfg.autoscaler)
+            if ccfg.autoscaler
+            else cast(Controller, router)  # a router that also controls (Aladdin)
+            if hasattr(router, "on_tick") and hasattr(router, "on_event")
+            else None
+        ),
         trace_decisions=ccfg.trace_decisions,
         servable=served,
         kv_transfer=_kv_transfer(ccfg, profiles) if pd else None,
@@ -401,3 +408,17 @@ def decisions_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     cols = ["req_id", "time", "model", "class", "priority", "considered", "candidates"]
     cols += [f"score_{n}" for n in names] + ["total", "pick", "hold", "queue_s"]
     return pd.DataFrame(flat, columns=cols)
+
+
+def _bind_router(
+    router: Any, profile: ReplicaProfile, gcfg: SimConfig, reqs: list[Request]
+) -> None:
+    """A router that packs by a performance model (Aladdin's) learns group 0's profile and
+    KV capacity; one that may use true output lengths (an oracle ablation) gets them."""
+    bind = getattr(router, "bind_profile", None)
+    if bind is not None:
+        icfg = gcfg.instance
+        bind(profile, icfg.kv_capacity_tokens or profile.kv_capacity_tokens(icfg.kv_utilization))
+    true_out = getattr(router, "true_out", None)
+    if isinstance(true_out, dict):
+        true_out.update({r.req_id: r.true_output_len for r in reqs})

@@ -1,0 +1,242 @@
+"""Aladdin §4.2, Algorithm 1: online best-fit placement of requests onto workers.
+
+Each worker keeps a ledger of the requests placed on it: prompt length ``l_in``, predicted
+output ``l_pred``, when it was placed and how much prefill stall it has absorbed. A new
+request goes to the most loaded worker (by ``capacity_norm``, descending) on which all
+four constraints hold; if none, Algorithm 1 opens a new worker (the caller's business).
+
+Constraints, for a worker with ongoing requests ``J`` and the new request ``n``:
+
+- (b) decode context: ``Σ_{J∪n} (l_in + γ·l_pred) ≤ θ·l_d(|J| + 1)`` (Eq. 4);
+- (c) prefill within the TTFT SLO: ``t_pre(queued prompt tokens + l_in^n) ≤ T_pre``;
+- (d) the new prefill fits in the ongoing requests' ATGT slack:
+  ``t_pre(queued + l_in^n) ≤ θ·min_j slack_j``;
+- (e) the KV footprint vector of ``J ∪ n`` (each request's ``kv(l_in + k)`` for its
+  iterations ``k`` to come, 0 once it is done) never exceeds ``M``.
+
+Choices where the paper is vague (parameters of :class:`Placement`):
+
+- ``capacity_norm`` is the L2 norm of the batch size over ``B_cap`` (the largest batch
+  Eq. 4 allows with no context, ``(T_dec − c3)/c2``, capped at ``max_batch``) and of
+  ``Σ(l_in + γ·l_pred)`` over ``l_d(1)``: both in [0, 1] on a worker that meets (b).
+- A request's ATGT slack is what its SLO allows beyond its predicted decode time over its
+  predicted life, ``(T_dec − t_d)·l_pred``, with ``t_d`` the worker's decode iteration now
+  (Eq. 3), less the prefill stalls already charged to it: a placed prefill charges its
+  ``t_pre`` to every request on that worker.
+- Progress is estimated, not observed (a router sees no per-request counters): a request
+  starts decoding ``t_pre(l_in)`` after placement and generates one token per decode
+  iteration ``t_d`` of its worker. When it outlives its prediction, it is re-predicted
+  (:meth:`~sloserve.cluster.aladdin.lengths.LengthPredictor.repredict`).
+- Constraint (e) is checked at each iteration where a request ends (the footprint is
+  piecewise linear in between, so its peaks are there), in O(n log n) per worker. A
+  request of ``l_pred`` output tokens holds ``kv(l_in + k)`` for ``k = 0..l_pred`` (the
+  paper's footprint vector ``w``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sloserve.cluster.aladdin.lengths import LengthPredictor
+from sloserve.cluster.aladdin.perf_models import PerfModels
+from sloserve.core.errors import ConfigError
+
+CONSTRAINTS = ("b", "c", "d", "e")
+
+
+@dataclass
+class Placed:
+    """One request in a worker's ledger."""
+
+    req_id: int | str
+    l_in: int
+    l_pred: int
+    placed_at: float
+    true_out: int | None = None
+    stall_s: float = 0.0
+
+
+@dataclass
+class Worker:
+    """The ledger of one worker (a replica)."""
+
+    worker_id: int
+    kv_capacity_gib: float
+    requests: dict[int | str, Placed] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return len(self.requests)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The two SLOs Aladdin packs against (seconds)."""
+
+    ttft_s: float
+    atgt_s: float
+
+
+class Placement:
+    """Algorithm 1 over a set of workers (module docstring).
+
+    ``gamma`` in [0, 1] weighs predicted outputs in (b) and capacity_norm; ``theta`` in
+    (0, 1] tightens (b) and (d) against prediction error.
+    """
+
+    def __init__(
+        self,
+        models: PerfModels,
+        slo: Slo,
+        predictor: LengthPredictor,
+        *,
+        gamma: float = 0.5,
+        theta: float = 0.9,
+        max_batch: int = 256,
+    ) -> None:
+        if not 0 <= gamma <= 1:
+            raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
+        if not 0 < theta <= 1:
+            raise ConfigError(f"theta: {theta} is outside (0, 1]")
+        if not slo.ttft_s > 0:
+            raise ConfigError(f"slo_ttft_ms: {slo.ttft_s * 1e3:g} must be positive")
+        models.check_atgt(slo.atgt_s)
+        if models.prefill_s(1) > slo.ttft_s:
+            raise ConfigError(
+                f"slo_ttft_ms: {slo.ttft_s * 1e3:g} ms is below a one-token prefill "
+                f"({models.prefill_s(1) * 1e3:.3g} ms)"
+            )
+        self.m, self.slo, self.predictor = models, slo, predictor
+        self.gamma, self.theta = gamma, theta
+        cap = (slo.atgt_s - models.c3) / models.c2 if models.c2 > 0 else math.inf
+        self.batch_cap = float(max(1.0, min(cap, max_batch)))
+        self.max_batch = max_batch
+        self.context_cap = max(models.context_limit(1, slo.atgt_s), 1.0)
+        self.workers: dict[int, Worker] = {}
+        self.where: dict[int | str, int] = {}
+        self.refusals = dict.fromkeys(CONSTRAINTS, 0)
+
+    # ------------------------------------------------------------------ ledger
+    def add_worker(self, worker_id: int, kv_capacity_gib: float) -> Worker:
+        w = self.workers.get(worker_id)
+        if w is None:
+            w = self.workers[worker_id] = Worker(worker_id, kv_capacity_gib)
+        return w
+
+    def remove(self, req_id: int | str) -> None:
+        """A request ended: it leaves its worker's ledger."""
+        wid = self.where.pop(req_id, None)
+        w = self.workers.get(wid) if wid is not None else None
+        if w is not None:  # a drained worker's ledger is gone already
+            w.requests.pop(req_id, None)
+
+    def weighted_context(self, w: Worker) -> float:
+        return sum(p.l_in + self.gamma * p.l_pred for p in w.requests.values())
+
+    def capacity_norm(self, w: Worker) -> float:
+        """L2 norm of the normalised batch size and weighted context (module docstring)."""
+        return math.hypot(w.batch / self.batch_cap, self.weighted_context(w) / self.context_cap)
+
+    def _progress(self, w: Worker, now: float) -> tuple[np.ndarray, float]:
+        """Estimated tokens generated by each request of ``w`` (re-predicting those that
+        outlived their prediction) and the worker's decode iteration now."""
+        reqs = list(w.requests.values())
+        ctx = sum(p.l_in + p.l_pred / 2 for p in reqs)
+        t_d = max(self.m.decode_s(max(len(reqs), 1), ctx), 1e-6)
+        gen = np.empty(len(reqs))
+        for i, p in enumerate(reqs):
+            started = p.placed_at + self.m.prefill_s(p.l_in) + p.stall_s
+            g = int(max(0.0, now - started) / t_d)
+            if g >= p.l_pred:
+                p.l_pred = self.predictor.repredict(p.l_in, g, p.true_out)
+            gen[i] = min(g, p.l_pred - 1)
+        return gen, t_d
+
+    # ------------------------------------------------------------------ constraints
+    def violated(
+        self, w: Worker, l_in: int, l_pred: int, now: float, queued_tokens: int = 0
+    ) -> str | None:
+        """The first constraint (b, c, d, e) placing the request on ``w`` breaks, or None."""
+        v = self.violations(w, l_in, l_pred, now, queued_tokens, first=True)
+        return v[0] if v else None
+
+    def violations(
+        self,
+        w: Worker,
+        l_in: int,
+        l_pred: int,
+        now: float,
+        queued_tokens: int = 0,
+        *,
+        first: bool = False,
+    ) -> list[str]:
+        """Every constraint placing the request on ``w`` breaks (only the first when
+        ``first``), in the order b, c, d, e."""
+        m, slo, th = self.m, self.slo, self.theta
+        out: list[str] = []
+        b = w.batch + 1
+        ctx = self.weighted_context(w) + l_in + self.gamma * l_pred
+        if b > self.max_batch or ctx > th * m.context_limit(b, slo.atgt_s):
+            out.append("b")
+            if first:
+                return out
+        t_new = m.prefill_s(queued_tokens + l_in)
+        if t_new > slo.ttft_s:
+            out.append("c")
+            if first:
+                return out
+        gen, t_d = self._progress(w, now)
+        if w.requests:
+            per_tok = max(slo.atgt_s - t_d, 0.0)
+            slack = min(per_tok * p.l_pred - p.stall_s for p in w.requests.values())
+            if t_new > th * slack:
+                out.append("d")
+                if first:
+                    return out
+        reqs = list(w.requests.values())
+        l_in_a = np.array([p.l_in for p in reqs] + [l_in], dtype=np.float64)
+        done = np.array([p.l_pred for p in reqs] + [l_pred], dtype=np.float64)
+        gen_a = np.append(gen, 0.0)
+        remaining = done - gen_a  # output tokens each request still generates
+        # Request i holds kv(base_i + k) at iterations k = 0..rem_i (Eq. 1, the w vector),
+        # so Σ peaks just before one ends: at k = rem_i, over the requests still there.
+        order = np.argsort(remaining, kind="stable")
+        rem, base = remaining[order], (l_in_a + gen_a)[order]
+        suffix_base = np.cumsum(base[::-1])[::-1]
+        alive = np.arange(len(rem), 0, -1, dtype=np.float64)
+        peak = m.h * (suffix_base + alive * rem) + m.j * alive
+        if float(peak.max()) > w.kv_capacity_gib:
+            out.append("e")
+        return out
+
+    def place(
+        self,
+        req_id: int | str,
+        l_in: int,
+        now: float,
+        candidates: list[tuple[int, int]],
+        true_out: int | None = None,
+    ) -> int | None:
+        """Algorithm 1: the worker id (from ``candidates``, pairs of worker id and its
+        queued prompt tokens) the request goes to, most loaded feasible first; None when
+        no candidate fits (open a worker, or hold)."""
+        l_pred = self.predictor.predict(l_in, true_out)
+        ws = sorted(
+            (self.workers[c] for c, _ in candidates),
+            key=lambda w: (-self.capacity_norm(w), w.worker_id),
+        )
+        queued = dict(candidates)
+        for w in ws:
+            why = self.violated(w, l_in, l_pred, now, queued[w.worker_id])
+            if why is None:
+                t_new = self.m.prefill_s(queued[w.worker_id] + l_in)
+                for p in w.requests.values():
+                    p.stall_s += t_new
+                w.requests[req_id] = Placed(req_id, l_in, l_pred, now, true_out)
+                self.where[req_id] = w.worker_id
+                return w.worker_id
+            self.refusals[why] += 1
+        return None

@@ -1,0 +1,195 @@
+"""The ``aladdin`` router: Algorithm 1 placement, and §5.2 heartbeat scaling as a controller.
+
+One object is both the cluster's router and its controller (the cluster simulation uses a
+router that has ``on_tick`` as its controller when no autoscaler is configured):
+
+- **route**: the request goes to the most loaded UP replica on which Aladdin's constraints
+  hold (:class:`~sloserve.cluster.aladdin.placement.Placement`); when none does it is
+  held in the cluster's global queue and routed again when a replica frees room or joins.
+- **on_event**: a finished (or failed-over) request leaves its worker's ledger; arrivals
+  are counted for the rate estimate.
+- **on_tick** (the heartbeat, ``tick_s``), with ``scaling`` on: held requests open a
+  worker (Algorithm 1's "open a new bin", paid as the cluster's cold start), at most one
+  per heartbeat while one is still joining; with a fitted ``k5``/``c5`` the target
+  ``N_w = ⌈k5·r_a + c5⌉`` follows the arrival rate after a change point; surplus workers,
+  emptiest first, are drained (they finish what they hold, so no request is dropped).
+
+Parameters (``router_params``): ``slo_ttft_ms`` / ``slo_atgt_ms`` (a request's own SLO
+wins when it has one; defaults 1600 / 75, Table 2's 70B), ``gamma`` (0.5), ``theta``
+(0.9), ``mix`` (the length history, ``sharegpt``), ``scaling`` (False), ``tick_s`` (1.0),
+``k5``/``c5`` (unset: no rate target, only held requests open workers), ``min_workers``
+(1), ``max_workers`` (256), ``group`` (0), ``oracle_lengths`` (False: the router then
+needs the true length, which a live gateway does not have, so it is simulation only).
+
+Change-point detection (choice): the rate is re-estimated when the arrivals of the last
+heartbeat window and of the window before differ by more than three Poisson standard
+deviations; otherwise the rate over the whole stable window since the last change is used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sloserve.cluster.aladdin.lengths import LengthPredictor, OracleLengths, history
+from sloserve.cluster.aladdin.perf_models import GIB, PerfModels, fit_models
+from sloserve.cluster.aladdin.perf_models import samples_from_cost_model as _grid
+from sloserve.cluster.aladdin.placement import Placement, Slo
+from sloserve.cluster.controller import Action, AddReplica, Event, RemoveReplica
+from sloserve.cluster.routing import Decision, Hold, Router, register_router
+from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
+from sloserve.core.errors import ConfigError
+
+
+class AladdinRouter(Router):
+    """Best-fit placement plus heartbeat scaling (module docstring)."""
+
+    name = "aladdin"
+    reads_progress = True
+    wants_events = True
+
+    def __init__(
+        self,
+        seed: int = 0,
+        *,
+        slo_ttft_ms: float = 1600.0,
+        slo_atgt_ms: float = 75.0,
+        gamma: float = 0.5,
+        theta: float = 0.9,
+        mix: str = "sharegpt",
+        scaling: bool = False,
+        tick_s: float = 1.0,
+        k5: float | None = None,
+        c5: float | None = None,
+        min_workers: int = 1,
+        max_workers: int = 256,
+        group: int = 0,
+        oracle_lengths: bool = False,
+    ) -> None:
+        if not 0 <= gamma <= 1:
+            raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
+        if not 0 < theta <= 1:
+            raise ConfigError(f"theta: {theta} is outside (0, 1]")
+        if not tick_s > 0:
+            raise ConfigError(f"tick_s: {tick_s} must be positive")
+        if not 1 <= min_workers <= max_workers:
+            raise ConfigError(f"min_workers {min_workers} must be in 1..max_workers")
+        self.slo = Slo(slo_ttft_ms / 1e3, slo_atgt_ms / 1e3)
+        self.gamma, self.theta = gamma, theta
+        self.scaling, self.k5, self.c5 = scaling, k5, c5
+        self.tick_s: float | None = tick_s if scaling else None
+        self.min_workers, self.max_workers, self.group = min_workers, max_workers, group
+        p, o = history(mix)
+        self.predictor: LengthPredictor = (OracleLengths if oracle_lengths else LengthPredictor)(
+            p, o
+        )
+        self.placement: Placement | None = None
+        self.kv_gib = 0.0
+        self._arrivals: list[float] = []
+        self._rate_since = 0.0
+        self.decisions: list[tuple[float, str, int]] = []
+        """(time, ``add``/``remove``, target workers) of each scaling decision."""
+        self.true_out: dict[int | str, int] = {}
+        """True output lengths (only for ``oracle_lengths``; the simulation fills it)."""
+
+    def bind(self, models: PerfModels, kv_capacity_tokens: int, kv_bytes_per_token: int) -> None:
+        """Learn the workers' performance models and KV capacity (once, before routing)."""
+        self.kv_gib = kv_capacity_tokens * kv_bytes_per_token / GIB
+        self.placement = Placement(
+            models, self.slo, self.predictor, gamma=self.gamma, theta=self.theta
+        )
+
+    def bind_profile(self, profile: Any, kv_capacity_tokens: int) -> None:
+        """:meth:`bind` from a replica profile: the §3 models fitted to its cost model."""
+        models = fit_models(_grid(profile.cost_model(), profile.kv_bytes_per_token))
+        self.bind(models, kv_capacity_tokens, profile.kv_bytes_per_token)
+
+    # ------------------------------------------------------------------ routing
+    def route(self, req: RouteRequest, view: ClusterView) -> Decision:
+        pl = self.placement
+        if pl is None:
+            raise ConfigError("router aladdin: no replica profile bound (use bind_profile)")
+        cand = [r for r in view.serving(req.model) if r.status is ReplicaStatus.UP]
+        for r in cand:
+            pl.add_worker(r.replica_id, self.kv_gib)
+        pl.remove(req.req_id)  # routed again after a failover: from scratch
+        wid = pl.place(
+            req.req_id,
+            max(1, req.prompt_tokens),
+            view.now,
+            [(r.replica_id, r.queued_prompt_tokens) for r in cand],
+            self.true_out.get(req.req_id) if self.predictor.oracle else None,
+        )
+        return Hold("aladdin: no worker meets the constraints") if wid is None else wid
+
+    # ------------------------------------------------------------------ controller
+    def on_event(self, event: Event, view: ClusterView) -> list[Action]:
+        if event.kind == "arrival":
+            self._arrivals.append(event.time)
+        elif event.kind == "finish" and event.req_id is not None and self.placement:
+            self.placement.remove(event.req_id)
+        return []
+
+    def rate(self, now: float) -> float:
+        """Arrival rate since the last change point (module docstring)."""
+        w = self.tick_s or 1.0
+        last = sum(1 for t in self._arrivals if t > now - w)
+        prev = sum(1 for t in self._arrivals if now - 2 * w < t <= now - w)
+        if abs(last - prev) > 3 * math.sqrt(max(prev, 1)):
+            self._rate_since = now - w
+        span = max(now - self._rate_since, w)
+        n = sum(1 for t in self._arrivals if t > self._rate_since)
+        self._arrivals = [t for t in self._arrivals if t > min(self._rate_since, now - 2 * w)]
+        return n / span
+
+    def on_tick(self, now: float, view: ClusterView, queued: Mapping[str, int]) -> list[Action]:
+        mine = [
+            r
+            for r in view.replicas()
+            if r.group == self.group
+            and r.status in (ReplicaStatus.JOINING, ReplicaStatus.LOADING, ReplicaStatus.UP)
+        ]
+        up = [r for r in mine if r.status is ReplicaStatus.UP]
+        held = sum(queued.values())
+        rate = self.rate(now)
+        target = self.min_workers
+        if self.k5 is not None and self.c5 is not None:
+            target = max(target, math.ceil(self.k5 * rate + self.c5))
+        target = min(target, self.max_workers)
+        joining = len(mine) - len(up)
+        if ((held and joining == 0) or len(mine) < target) and len(mine) < self.max_workers:
+            # Held requests open as many workers as they would fill at the current mean
+            # batch (Algorithm 1 opens one bin per misfit; a cold start is paid once).
+            per = max(1.0, sum(r.outstanding for r in up) / max(len(up), 1))
+            n = max(1, target - len(mine), math.ceil(held / per) if joining == 0 else 0)
+            n = min(n, self.max_workers - len(mine))
+            self.decisions.append((now, "add", len(mine) + n))
+            return [AddReplica(self.group) for _ in range(n)]
+        if not held and len(up) > target and joining == 0 and self.placement is not None:
+            ws = self.placement.workers
+            idle = min(
+                up,
+                key=lambda r: (
+                    len(ws[r.replica_id].requests) if r.replica_id in ws else 0,
+                    -r.replica_id,
+                ),
+            )
+            self.decisions.append((now, "remove", len(mine) - 1))
+            if idle.replica_id in ws:
+                del ws[idle.replica_id]
+            return [RemoveReplica(idle.replica_id)]
+        return []
+
+
+def _factory(seed: int, **params: Any) -> AladdinRouter:
+    return AladdinRouter(seed, **params)
+
+
+register_router(
+    "aladdin",
+    _factory,
+    "Aladdin's best-fit placement under its SLO and KV constraints; scaling=true scales",
+)
+
+__all__: Sequence[str] = ["AladdinRouter"]

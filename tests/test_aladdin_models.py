@@ -1,0 +1,140 @@
+"""Aladdin §3 performance models and §4.1 worker configuration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from sloserve.cli import app
+from sloserve.cluster.aladdin import (
+    PerfSamples,
+    fit_all_reduce,
+    fit_models,
+    fit_profile,
+    samples_from_csv,
+    worker_config_for,
+)
+from sloserve.cluster.aladdin.lengths import LengthPredictor
+from sloserve.core.errors import ConfigError
+
+VIDUR = Path(__file__).resolve().parents[2] / "shared" / "vidur-profiling"
+needs_vidur = pytest.mark.skipif(not VIDUR.is_dir(), reason="no shared/vidur-profiling")
+
+
+def _synthetic(rng: np.random.Generator, noise: float = 0.0) -> PerfSamples:
+    pb = rng.integers(1, 9, 60).astype(float)
+    pt = rng.integers(100, 4000, 60).astype(float)
+    db = rng.integers(2, 200, 80).astype(float)
+    dc = db * rng.integers(50, 3000, 80)
+    kt = rng.integers(20, 4000, 50).astype(float)
+    jitter = lambda n: 1 + noise * rng.standard_normal(n)  # noqa: E731
+    return PerfSamples(
+        pb,
+        pt,
+        (2e-4 * pt + 0.02) * jitter(60),
+        db,
+        dc,
+        (1e-7 * dc + 3e-4 * db + 0.03) * jitter(80),
+        kt,
+        (3e-4 * kt + 0.002) * jitter(50),
+    )
+
+
+def test_fits_recover_known_coefficients() -> None:
+    m = fit_models(_synthetic(np.random.default_rng(1)))
+    assert m.k1 == pytest.approx(2e-4) and m.c1 == pytest.approx(0.02)
+    assert (m.k2, m.c2, m.c3) == pytest.approx((1e-7, 3e-4, 0.03))
+    assert (m.h, m.j) == pytest.approx((3e-4, 0.002))
+    assert max(m.max_error.values()) < 1e-9
+    noisy = fit_models(_synthetic(np.random.default_rng(1), noise=0.02))
+    assert 0.01 < noisy.max_error["decode"] < 0.2
+
+
+def test_context_limit_is_eq4_and_rejects_slo_below_c3() -> None:
+    m = fit_models(_synthetic(np.random.default_rng(2)))
+    ld = m.context_limit(10, 0.075)
+    assert m.decode_s(10, ld) == pytest.approx(0.075)
+    assert m.max_batch(0.075, 500) == int((0.075 - 0.03) / (1e-7 * 500 + 3e-4))
+    with pytest.raises(ConfigError, match=r"slo_atgt_ms.*c3"):
+        m.context_limit(4, 0.02)
+
+
+def test_fit_from_cost_model_and_csv(tmp_path: Path) -> None:
+    m = fit_profile("llama-2-7b-a100")
+    assert m.k1 > 0 and m.k2 > 0 and m.max_error["kv"] < 0.03 and m.mean_error["decode"] < 0.05
+    csv = tmp_path / "s.csv"
+    rows = ["kind,batch_size,tokens,value"]
+    rows += [f"prefill,1,{t},{1e-4 * t + 0.01}" for t in (100, 200, 400)]
+    rows += [f"decode,{b},{b * 300},{1e-7 * b * 300 + 2e-4 * b + 0.02}" for b in (2, 8, 32, 64)]
+    rows += [f"kv,1,{t},{2e-4 * t + 1e-3}" for t in (300, 600)]
+    csv.write_text("\n".join(rows) + "\n")
+    got = fit_models(samples_from_csv(csv))
+    assert got.k1 == pytest.approx(1e-4) and got.c3 == pytest.approx(0.02)
+    csv.write_text("kind,batch_size,tokens,value\nprefil,1,2,3\n")
+    with pytest.raises(ConfigError, match="kind 'prefil'"):
+        samples_from_csv(csv)
+
+
+def test_length_predictor_conditions_on_prompt_and_repredicts() -> None:
+    prompts = [10] * 50 + [1000] * 50
+    outputs = [20] * 25 + [40] * 25 + [300] * 50
+    lp = LengthPredictor(prompts, outputs, bins=2)
+    assert lp.predict(10) == 30 and lp.predict(1000) == 300
+    assert lp.repredict(10, 30) == 40  # the mean of the bin's outputs longer than 30
+    assert lp.repredict(10, 45) == 46
+
+
+@needs_vidur
+def test_all_reduce_grows_with_gpus() -> None:
+    f = fit_all_reduce(VIDUR)
+    assert f.alpha_s > 0 and f.beta_s_per_byte > 0
+    assert f.time(1 << 20, 1) == 0 < f.time(1 << 20, 2) < f.time(1 << 20, 4) < f.time(1 << 20, 8)
+
+
+@needs_vidur
+@pytest.mark.parametrize(
+    ("model", "gpu", "atgt_ms", "link", "best"),
+    [
+        ("llama-2-70b", "a100", 75, "pcie", 2),  # Table 3; the A100 testbed is PCIe
+        ("llama-2-13b", "a100", 30, "pcie", 1),
+        ("llama-2-7b", "a100", 15, "pcie", 1),
+        ("llama-2-13b", "v100", 50, "nvlink", 2),
+    ],
+)
+def test_table3_worker_configurations(
+    model: str, gpu: str, atgt_ms: float, link: str, best: int
+) -> None:
+    wc = worker_config_for(
+        model, gpu, [1, 2, 4], atgt_s=atgt_ms / 1e3, link=link, vidur_dir=str(VIDUR)
+    )
+    assert wc.best_gpus == best
+
+
+@needs_vidur
+def test_cli_fit_and_config_and_bad_input() -> None:
+    r = CliRunner().invoke(app, ["aladdin", "fit", "--profile", "llama-2-7b-a100", "--json"])
+    assert r.exit_code == 0 and '"k1_s_per_token"' in r.output
+    args = [
+        "aladdin",
+        "config",
+        "--model",
+        "llama-2-70b",
+        "--gpu",
+        "a100",
+        "--tp",
+        "1,2,4",
+        "--slo-atgt-ms",
+        "75",
+        "--link",
+        "pcie",
+        "--vidur-dir",
+        str(VIDUR),
+    ]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0 and "best: 2 GPU(s) per worker" in r.output
+    for bad, msg in ((["--tp", "16"], "tp: 16"), (["--tp", "x"], "tp: 'x'")):
+        r = CliRunner().invoke(app, [*args, *bad])
+        assert r.exit_code != 0 and msg in str(r.exception), r.output

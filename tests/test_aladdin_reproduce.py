@@ -1,0 +1,43 @@
+"""Aladdin's analytic worker count (Eq. 7) and the reproduction harness on a tiny plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sloserve.cluster.aladdin.gpu_count import fit_worker_law
+from sloserve.core.errors import ConfigError
+from sloserve.experiments.aladdin.plan import ARMS, Plan, Scenario
+from sloserve.experiments.aladdin.reproduce import reproduce
+
+
+def test_worker_law_recovers_a_line_and_guards_its_range() -> None:
+    law = fit_worker_law([5, 10, 20], [3, 5, 9])  # exactly 0.4·r + 1
+    assert (law.k5, law.c5, law.max_miss) == (pytest.approx(0.4), pytest.approx(1.0), 0)
+    assert law.predict(12.5) == 6
+    with pytest.raises(ConfigError, match="below R"):
+        law.predict(1)
+    with pytest.raises(ConfigError, match="two or more rates"):
+        fit_worker_law([5, 5], [1, 2])
+
+
+def test_tiny_reproduction_writes_data_and_headline(tmp_path: Path) -> None:
+    plan = Plan(
+        (Scenario("7b", "llama-2-7b", "a100-80gb", 1, 400, 15),),
+        (2.0, 6.0),
+        8.0,
+        arms=(ARMS[0], ARMS[3]),
+        max_workers=4,
+    )
+    rep = reproduce(plan, tmp_path)
+    assert set(rep.gpus["arm"]) == {"aladdin", "vllm-default"}
+    assert (rep.gpus["attainment"] >= 0.99).all()
+    vd = rep.gpus[rep.gpus["arm"] == "vllm-default"]
+    assert (vd["gpus"] % 4 == 0).all()  # a whole machine per worker
+    head = json.loads((tmp_path / "headline.json").read_text())
+    assert "vs vllm-default" in head["ours"]["7b"] and head["paper"]["vs vllm-default"] == -0.71
+    law = head["worker_law"]["7b"]
+    assert law["max_miss_workers"] == 0  # two rates: the line passes through both
+    assert (tmp_path / "gpus_vs_rate.png").stat().st_size > 0
