@@ -105,6 +105,7 @@ def main() -> None:
     t_cal = time.perf_counter() - t0
     kv_tokens = 4096 if a.smoke else 32768
     rows: list[dict[str, Any]] = []
+    iters = ["policy,rate,i,kind,tokens,measured_s,predicted_s,run_start_s"]
     for rate in rates:
         spec = WorkloadSpec(
             mix="sharegpt", arrival=PoissonArrivals(rate=rate), num_requests=n, seed=0
@@ -116,7 +117,13 @@ def main() -> None:
                 instance=InstanceConfig(profile=shipped, kv_capacity_tokens=kv_tokens),
                 policy=policy,
             )
+            t_run = time.perf_counter()
             res, ex = simulate_execute(cfg, loaded, reqs)
+            iters.extend(
+                f"{policy},{rate:g},{i},{r.kind},{r.num_tokens},{r.measured_s:.6f},"
+                f"{r.predicted_s:.6f},{t_run - t0:.1f}"
+                for i, r in enumerate(ex.records)
+            )
             recal = [
                 IterationRecord(r.kind, r.num_tokens, r.measured_s, p)
                 for r, p in zip(ex.records, _reprice(ex, cal_cm), strict=True)
@@ -159,6 +166,7 @@ def main() -> None:
     }
     (a.out / "execute_gpu.json").write_text(json.dumps(report, indent=2, default=str))
     (a.out / "execute_gpu.md").write_text(_markdown(report))
+    (a.out / "iterations.csv").write_text("\n".join(iters) + "\n")
     print(_markdown(report))
 
 
