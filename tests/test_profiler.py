@@ -94,14 +94,17 @@ def test_profile_has_the_csv_columns_and_the_grid(tiny_profile: pd.DataFrame) ->
 
 
 def test_more_decode_tokens_are_never_much_faster(tiny_profile: pd.DataFrame) -> None:
+    # The fastest repeat of each shape: interference from other processes only ever adds
+    # time, so the minimum is the measurement's least noisy figure (a mean of medians let
+    # one slow spell on a loaded machine make batch 1 "slower" than batch 4).
     dec = tiny_profile[tiny_profile["kind"] == "decode"]
-    mean_by_batch = dec.groupby("num_decode")["time_s"].mean().sort_index()
+    mean_by_batch = dec.groupby("num_decode")["time_min_s"].min().sort_index()
     assert list(mean_by_batch.index) == list(DECODE)
     for small, large in zip(mean_by_batch.to_numpy(), mean_by_batch.to_numpy()[1:], strict=False):
         assert large > 0.7 * small, mean_by_batch.to_dict()
     assert mean_by_batch.iloc[-1] > mean_by_batch.iloc[0]
     pre = tiny_profile[tiny_profile["kind"] == "prefill"]
-    by_chunk = pre.groupby("num_prefill_tokens")["time_s"].mean().sort_index()
+    by_chunk = pre.groupby("num_prefill_tokens")["time_min_s"].min().sort_index()
     assert by_chunk.iloc[-1] > by_chunk.iloc[0], by_chunk.to_dict()
 
 
