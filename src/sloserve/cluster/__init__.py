@@ -96,3 +96,6 @@ __all__ = [
     "register_router",
     "router_names",
 ]
+
+# Registers the qlm, edf and fcfs routers (after routing, which it builds on).
+from sloserve.cluster import qlm  # noqa: F401

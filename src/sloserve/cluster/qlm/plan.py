@@ -1,0 +1,278 @@
+"""QLM's plan generator (§7, Equations 6–13 of ``papers/qlm.txt``): groups → virtual-queue
+positions, solved as a MILP with HiGHS (``scipy.optimize.milp``), EDF as the fallback.
+
+The model (one binary ``x[g,i,p]`` per group g, virtual queue i and position p):
+
+- (6) every group takes exactly one position; a position holds at most one group, and the
+  filled positions of a queue are a prefix (empty positions sit at the back);
+- (7, 8) the model at position p of queue i is ``m[i,p,k] = Σ_{g of model k} x[g,i,p]``;
+- (9) the switch indicator ``s[i,p] ≥ m[i,p,k] − m[i,p−1,k]`` (the big-M form of "the model
+  changed"), at p=0 against the model the replica serves now;
+- (10) cumulative completion ``C[i,p] = ready_i + Σ_{p'<p} work(p') + L_i·Σ_{p'≤p} s[i,p']
+  + completion(p)``, with a constant, conservative swap time ``L_i`` per queue (the
+  paper's choice: the slowest load of any model onto that replica);
+- (11, 12) penalty = C − deadline, and the chance constraint P(penalty ≤ 0) ≥ α as its
+  deterministic equivalent: every work/completion term is its α-quantile
+  (``mean + z_α·σ``; a sum of quantiles bounds the quantile of the sum from above, so the
+  plan is conservative), and ``C ≤ deadline + M(1 − x)``;
+- (13) objective: the total penalty ``Σ_g (C_g − d_g)``, i.e. the total completion time of
+  the groups (the deadlines are constants), through ``c[i,p] ≥ C[i,p] − M·(1 − filled)``.
+
+Choices: positions per queue are ``G`` (exact) when ``G·I·G ≤ max_milp_vars``, else the
+problem is too large for an exact solve inside the time budget and the **greedy** plan is
+used (counted as ``heuristic``): groups in EDF order, each appended to the queue where its
+α-quantile completion, swap included, is earliest. When HiGHS reports the problem
+infeasible (no ordering meets every deadline with probability α) or hits its time limit
+without a solution, the plan **falls back to EDF** (Appendix A.3, option b; counted):
+groups in deadline order, each to the queue with the least work ahead that serves its
+model (any queue when none does).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sloserve.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class PlanGroup:
+    """A group as the planner sees it; per queue i: α-quantile work and completion (s)."""
+
+    gid: int
+    model: str
+    deadline: float
+    """Seconds from now (may be negative: already late)."""
+    work: tuple[float, ...]
+    completion: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanQueue:
+    """A virtual queue (one replica): when it is free, what it serves, its swap time."""
+
+    rid: int
+    model: str
+    ready: float
+    """α-quantile seconds until the work already on the replica is done."""
+    swap_s: float
+
+
+@dataclass
+class Plan:
+    """Virtual queues (replica id → group ids, head first) and how they were found."""
+
+    queues: dict[int, list[int]]
+    method: str
+    """``milp``, ``heuristic``, ``edf-fallback`` or ``empty``."""
+    feasible: bool
+    """Whether every group meets its deadline at level α under this plan."""
+    solve_s: float = 0.0
+    status: str = ""
+    completion: dict[int, float] = field(default_factory=dict)
+    """α-quantile completion (s from now) of each group under the plan."""
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Solver limits."""
+
+    time_limit_s: float = 0.5
+    max_milp_vars: int = 4000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.time_limit_s <= 3600:
+            raise ConfigError(f"time_limit_s: must be in (0, 3600], got {self.time_limit_s}")
+        if self.max_milp_vars < 0:
+            raise ConfigError(f"max_milp_vars: must be >= 0, got {self.max_milp_vars}")
+
+
+def simulate_plan(
+    groups: Sequence[PlanGroup], queues: Sequence[PlanQueue], order: dict[int, list[int]]
+) -> dict[int, float]:
+    """Each group's completion (s from now) when queues run ``order`` (Eq. 10)."""
+    by_id = {g.gid: g for g in groups}
+    out: dict[int, float] = {}
+    for qi, q in enumerate(queues):
+        t, model = q.ready, q.model
+        for gid in order.get(q.rid, []):
+            g = by_id[gid]
+            if g.model != model:
+                t += q.swap_s
+                model = g.model
+            out[gid] = t + g.completion[qi]
+            t += g.work[qi]
+    return out
+
+
+def _finish(
+    groups: Sequence[PlanGroup],
+    queues: Sequence[PlanQueue],
+    order: dict[int, list[int]],
+    method: str,
+    t0: float,
+    status: str,
+) -> Plan:
+    comp = simulate_plan(groups, queues, order)
+    ok = all(comp[g.gid] <= g.deadline + 1e-9 for g in groups)
+    return Plan(order, method, ok, time.perf_counter() - t0, status, comp)
+
+
+def _by_deadline(groups: Sequence[PlanGroup]) -> list[PlanGroup]:
+    return sorted(groups, key=lambda g: (g.deadline, g.gid))
+
+
+def edf_plan(groups: Sequence[PlanGroup], queues: Sequence[PlanQueue]) -> dict[int, list[int]]:
+    """EDF (the fallback): deadline order, each group to the least-loaded queue serving its
+    model now (any queue when none does)."""
+    load = [q.ready for q in queues]
+    order: dict[int, list[int]] = {q.rid: [] for q in queues}
+    for g in _by_deadline(groups):
+        cand = [i for i, q in enumerate(queues) if q.model == g.model] or range(len(queues))
+        i = min(cand, key=lambda k: (load[k], k))
+        order[queues[i].rid].append(g.gid)
+        load[i] += g.work[i]
+    return order
+
+
+def greedy_plan(groups: Sequence[PlanGroup], queues: Sequence[PlanQueue]) -> dict[int, list[int]]:
+    """Deadline order, each group where its quantile completion (swap included) is earliest."""
+    t = [q.ready for q in queues]
+    model = [q.model for q in queues]
+    order: dict[int, list[int]] = {q.rid: [] for q in queues}
+    for g in _by_deadline(groups):
+        best, best_c = 0, math.inf
+        for i, q in enumerate(queues):
+            c = t[i] + (q.swap_s if model[i] != g.model else 0.0) + g.completion[i]
+            if c < best_c - 1e-12:
+                best, best_c = i, c
+        q = queues[best]
+        if model[best] != g.model:
+            t[best] += q.swap_s
+            model[best] = g.model
+        t[best] += g.work[best]
+        order[q.rid].append(g.gid)
+    return order
+
+
+def generate_plan(
+    groups: Sequence[PlanGroup], queues: Sequence[PlanQueue], cfg: PlannerConfig
+) -> Plan:
+    """The virtual queues for ``groups`` (module docstring)."""
+    t0 = time.perf_counter()
+    if not queues:
+        raise ConfigError("plan: no virtual queue (no replica is up)")
+    if not groups:
+        return Plan({q.rid: [] for q in queues}, "empty", True, 0.0, "empty")
+    n_g, n_q = len(groups), len(queues)
+    if n_g * n_q * n_g > cfg.max_milp_vars:
+        return _finish(groups, queues, greedy_plan(groups, queues), "heuristic", t0, "too-large")
+    order, status = _milp(groups, queues, cfg.time_limit_s)
+    if order is None:
+        return _finish(groups, queues, edf_plan(groups, queues), "edf-fallback", t0, status)
+    return _finish(groups, queues, order, "milp", t0, status)
+
+
+def _milp(
+    groups: Sequence[PlanGroup], queues: Sequence[PlanQueue], time_limit_s: float
+) -> tuple[dict[int, list[int]] | None, str]:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import lil_matrix
+
+    n_g, n_q = len(groups), len(queues)
+    n_p = n_g
+    models = sorted({g.model for g in groups} | {q.model for q in queues})
+    nx = n_g * n_q * n_p
+
+    def xi(g: int, i: int, p: int) -> int:
+        return (g * n_q + i) * n_p + p
+
+    def si(i: int, p: int) -> int:
+        return nx + i * n_p + p
+
+    def ci(i: int, p: int) -> int:
+        return nx + n_q * n_p + i * n_p + p
+
+    nv = nx + 2 * n_q * n_p
+    big = sum(max(g.work) + max(g.completion) for g in groups)
+    big += max(q.ready for q in queues) + n_g * max(q.swap_s for q in queues) + 1.0
+    big += max(0.0, -min(g.deadline for g in groups))
+    rows: list[tuple[dict[int, float], float, float]] = []
+    for g in range(n_g):  # (6) one position per group
+        rows.append(({xi(g, i, p): 1.0 for i in range(n_q) for p in range(n_p)}, 1.0, 1.0))
+    for i in range(n_q):
+        for p in range(n_p):  # at most one group per position; filled positions a prefix
+            rows.append(({xi(g, i, p): 1.0 for g in range(n_g)}, -np.inf, 1.0))
+            if p + 1 < n_p:
+                r = {xi(g, i, p): 1.0 for g in range(n_g)}
+                for g in range(n_g):
+                    r[xi(g, i, p + 1)] = -1.0
+                rows.append((r, 0.0, np.inf))
+            for mk in models:  # (9) s[i,p] >= m[i,p,k] - m[i,p-1,k]
+                r = {si(i, p): 1.0}
+                for g, grp in enumerate(groups):
+                    if grp.model == mk:
+                        r[xi(g, i, p)] = -1.0
+                        if p > 0:
+                            r[xi(g, i, p - 1)] = 1.0
+                if p == 0 and queues[i].model == mk:
+                    continue  # the model it serves now: no switch
+                rows.append((r, 0.0, np.inf))
+            # C[i,p] as a linear expression (10): coefficients and constant
+            cexp: dict[int, float] = {}
+            for pp in range(p):
+                for g in range(n_g):
+                    cexp[xi(g, i, pp)] = cexp.get(xi(g, i, pp), 0.0) + groups[g].work[i]
+            for pp in range(p + 1):
+                cexp[si(i, pp)] = queues[i].swap_s
+            for g in range(n_g):
+                cexp[xi(g, i, p)] = cexp.get(xi(g, i, p), 0.0) + groups[g].completion[i]
+            const = queues[i].ready
+            for g, grp in enumerate(groups):  # (11, 12) C <= d + M(1 - x)
+                r = dict(cexp)
+                r[xi(g, i, p)] = r.get(xi(g, i, p), 0.0) + big
+                rows.append((r, -np.inf, grp.deadline - const + big))
+            # (13) c[i,p] >= C[i,p] - M(1 - filled)
+            r = {k: -v for k, v in cexp.items()}
+            r[ci(i, p)] = 1.0
+            for g in range(n_g):
+                r[xi(g, i, p)] = r.get(xi(g, i, p), 0.0) - big
+            rows.append((r, const - big, np.inf))
+    a = lil_matrix((len(rows), nv))
+    lo, hi = np.empty(len(rows)), np.empty(len(rows))
+    for k, (r, low, high) in enumerate(rows):
+        for j, v in r.items():
+            a[k, j] = v
+        lo[k], hi[k] = low, high
+    cost = np.zeros(nv)
+    cost[nx + n_q * n_p :] = 1.0
+    integrality = np.zeros(nv)
+    integrality[: nx + n_q * n_p] = 1
+    ub = np.full(nv, np.inf)
+    ub[: nx + n_q * n_p] = 1.0
+    res = milp(
+        cost,
+        constraints=LinearConstraint(a.tocsr(), lo, hi),
+        integrality=integrality,
+        bounds=Bounds(np.zeros(nv), ub),
+        options={"time_limit": time_limit_s, "presolve": True},
+    )
+    if res.x is None:
+        return None, "infeasible" if res.status == 2 else "timeout" if res.status == 1 else (
+            f"status-{res.status}"
+        )
+    x = res.x
+    order: dict[int, list[int]] = {}
+    for i, q in enumerate(queues):
+        seq = []
+        for p in range(n_p):
+            for g in range(n_g):
+                if x[xi(g, i, p)] > 0.5:
+                    seq.append(groups[g].gid)
+        order[q.rid] = seq
+    return order, "optimal" if res.status == 0 else "time-limit-feasible"
