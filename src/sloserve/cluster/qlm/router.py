@@ -240,21 +240,38 @@ class QLMRouter(Router):
     def _best_tail(
         self, g: RequestGroup, live: Sequence[ReplicaView], now: float
     ) -> tuple[int, float, float]:
-        best = (math.inf, math.inf, live[0].replica_id, math.inf)
+        """Where a new group goes: among the replicas that serve (or will serve) its model
+        and meet its deadline at level α, the earliest; when none does, the earliest of
+        all, a model change included (Insight #3: no swap that a deadline does not need).
+        Returns (replica, α-quantile completion, mean completion), absolute times."""
+        best = (math.inf, math.inf, live[0].replica_id)
+        best_same = best
         for v in live:
             m, var, model = self._tail(v, now)
+            same = model == g.model or v.model == g.model or g.model == "default"
             if model != g.model:
                 m += self._swap(v.replica_id, g.model)
             cm, cv = self.rct.completion(g, self._hw(v.replica_id))
             q = now + self.rct.quantile(m + cm, var + cv)
             if q < best[0]:
-                best = (q, now + m + cm, v.replica_id, q)
-        return best[2], best[3], best[1]
+                best = (q, now + m + cm, v.replica_id)
+            if same and q <= g.deadline and q < best_same[0]:
+                best_same = (q, now + m + cm, v.replica_id)
+        pick = best_same if best_same[0] < math.inf else best
+        return pick[2], pick[0], pick[1]
 
     def _swap(self, rid: int, model: str) -> float:
+        """What changing replica ``rid`` to ``model`` costs: the load (warm or cold), plus
+        the drain before it — a change waits for the held requests to finish while the
+        batch shrinks; priced as one request's whole decode, μ·t_d·ε (a choice)."""
         if model == "default" or self.hooks is None:
             return 0.0
-        return self.hooks.swap_s(rid, model)
+        load = self.hooks.swap_s(rid, model)
+        if load <= 0:
+            return 0.0
+        hw = self._hw(rid)
+        mu = self.rct.lengths.prior[0]
+        return load + mu * hw.decode_s_per_token * hw.inefficiency
 
     def _predict(self, rr: RouteRequest, mean_abs: float) -> None:
         self._dispatched.setdefault(rr.req_id, (-1, mean_abs))
@@ -428,12 +445,35 @@ class QLMRouter(Router):
             head = next((self.table.groups[g] for g in gids if g in self.table.groups), None)
             if head is None or head.model in ("default", v.model) or pending == head.model:
                 continue
-            if v.status is not ReplicaStatus.UP:
+            if v.status is not ReplicaStatus.UP or self._keep_model(v, gids, head, view.now):
                 continue
             self._changing[rid] = head.model
             self.stats.model_changes += 1
             out.append(ChangeModel(rid, head.model))
         return out
+
+    def _keep_model(
+        self, v: ReplicaView, gids: list[int], head: RequestGroup, now: float
+    ) -> bool:
+        """Insight #3 before a model change: the groups of the replica's current model in
+        its queue move to the front when the head group still meets its deadline (level
+        α) after them and the change; then the replica keeps its model for now."""
+        rid = v.replica_id
+        same = [g for g in gids if (h := self.table.groups.get(g)) is not None
+                and h.model == v.model]
+        if not same:
+            return False
+        hw = self._hw(rid)
+        m, var = self._ready(v)
+        for gid in same:
+            w, wv = self.rct.work(self.table.groups[gid], hw)
+            m, var = m + w, var + wv
+        cm, cv = self.rct.completion(head, hw)
+        m += self._swap(rid, head.model) + cm
+        if now + self.rct.quantile(m, var + cv) > head.deadline:
+            return False
+        self.vq[rid] = same + [g for g in gids if g not in set(same)]
+        return True
 
     def _reorders(self, view: ClusterView) -> list[Action]:
         """Front of each model's global queue: what the replicas with room pull next."""
