@@ -20,6 +20,7 @@ from sloserve.cli import (  # noqa: F401  (imported for their command registrati
     andes,
     bros,
     infermax,
+    qlm,
     serve,
 )
 

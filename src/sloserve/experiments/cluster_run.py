@@ -287,7 +287,12 @@ def qlm_hooks(
             loads[key] = loader.load_time(loader.respec(rep.spec, model), model, tier)
         return loads[key]
 
-    return QLMHooks(by_id.get, profile, swap_s)
+    def set_warm(rid: int, models: set[str]) -> None:
+        # The replica's CPU memory holds these models' weights (and the one it serves).
+        rep = clu.replicas[rid]
+        rep.warm_models = models | {rep.spec.model}
+
+    return QLMHooks(by_id.get, profile, swap_s, set_warm)
 
 
 def _kv_transfer(

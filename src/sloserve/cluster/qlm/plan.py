@@ -8,9 +8,10 @@ The model (one binary ``x[g,i,p]`` per group g, virtual queue i and position p):
 - (7, 8) the model at position p of queue i is ``m[i,p,k] = Σ_{g of model k} x[g,i,p]``;
 - (9) the switch indicator ``s[i,p] ≥ m[i,p,k] − m[i,p−1,k]`` (the big-M form of "the model
   changed"), at p=0 against the model the replica serves now;
-- (10) cumulative completion ``C[i,p] = ready_i + Σ_{p'<p} work(p') + L_i·Σ_{p'≤p} s[i,p']
-  + completion(p)``, with a constant, conservative swap time ``L_i`` per queue (the
-  paper's choice: the slowest load of any model onto that replica);
+- (10) cumulative completion ``C[i,p] = T[i,p] + completion(p)``, the start time
+  ``T[i,p] = T[i,p−1] + work(p−1) + L_i·s[i,p]`` (``T[i,0] = ready_i + L_i·s[i,0]``), with
+  a constant, conservative swap time ``L_i`` per queue (the paper's choice: the slowest
+  change of any queued model onto that replica);
 - (11, 12) penalty = C − deadline, and the chance constraint P(penalty ≤ 0) ≥ α as its
   deterministic equivalent: every work/completion term is its α-quantile
   (``mean + z_α·σ``; a sum of quantiles bounds the quantile of the sum from above, so the
@@ -83,7 +84,7 @@ class PlannerConfig:
     """Solver limits."""
 
     time_limit_s: float = 0.5
-    max_milp_vars: int = 4000
+    max_milp_vars: int = 2000
 
     def __post_init__(self) -> None:
         if not 0 < self.time_limit_s <= 3600:
@@ -182,97 +183,106 @@ def _milp(
     groups: Sequence[PlanGroup], queues: Sequence[PlanQueue], time_limit_s: float
 ) -> tuple[dict[int, list[int]] | None, str]:
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
+    from scipy.sparse import coo_matrix
 
     n_g, n_q = len(groups), len(queues)
     n_p = n_g
     models = sorted({g.model for g in groups} | {q.model for q in queues})
-    nx = n_g * n_q * n_p
+    nx, nqp = n_g * n_q * n_p, n_q * n_p
 
     def xi(g: int, i: int, p: int) -> int:
         return (g * n_q + i) * n_p + p
 
-    def si(i: int, p: int) -> int:
+    def si(i: int, p: int) -> int:  # switch indicator (9)
         return nx + i * n_p + p
 
-    def ci(i: int, p: int) -> int:
-        return nx + n_q * n_p + i * n_p + p
+    def ci(i: int, p: int) -> int:  # completion counted in the objective (13)
+        return nx + nqp + i * n_p + p
 
-    nv = nx + 2 * n_q * n_p
+    def ti(i: int, p: int) -> int:  # start time of position p (10)
+        return nx + 2 * nqp + i * n_p + p
+
+    nv = nx + 3 * nqp
     big = sum(max(g.work) + max(g.completion) for g in groups)
     big += max(q.ready for q in queues) + n_g * max(q.swap_s for q in queues) + 1.0
-    big += max(0.0, -min(g.deadline for g in groups))
-    rows: list[tuple[dict[int, float], float, float]] = []
+    big += max(0.0, max(g.deadline for g in groups)) + max(0.0, -min(g.deadline for g in groups))
+    rr: list[int] = []
+    cc: list[int] = []
+    vv: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+
+    def row(entries: dict[int, float], low: float, high: float) -> None:
+        k = len(lo)
+        for j, v in entries.items():
+            rr.append(k)
+            cc.append(j)
+            vv.append(v)
+        lo.append(low)
+        hi.append(high)
+
     for g in range(n_g):  # (6) one position per group
-        rows.append(({xi(g, i, p): 1.0 for i in range(n_q) for p in range(n_p)}, 1.0, 1.0))
-    for i in range(n_q):
-        for p in range(n_p):  # at most one group per position; filled positions a prefix
-            rows.append(({xi(g, i, p): 1.0 for g in range(n_g)}, -np.inf, 1.0))
-            if p + 1 < n_p:
-                r = {xi(g, i, p): 1.0 for g in range(n_g)}
+        row({xi(g, i, p): 1.0 for i in range(n_q) for p in range(n_p)}, 1.0, 1.0)
+    for i, q in enumerate(queues):
+        for p in range(n_p):
+            here = {xi(g, i, p): 1.0 for g in range(n_g)}
+            row(here, -np.inf, 1.0)  # at most one group per position
+            if p + 1 < n_p:  # filled positions are a prefix
+                nxt = dict(here)
                 for g in range(n_g):
-                    r[xi(g, i, p + 1)] = -1.0
-                rows.append((r, 0.0, np.inf))
+                    nxt[xi(g, i, p + 1)] = -1.0
+                row(nxt, 0.0, np.inf)
             for mk in models:  # (9) s[i,p] >= m[i,p,k] - m[i,p-1,k]
+                if p == 0 and q.model == mk:
+                    continue  # the model it serves now: no switch
                 r = {si(i, p): 1.0}
                 for g, grp in enumerate(groups):
                     if grp.model == mk:
                         r[xi(g, i, p)] = -1.0
                         if p > 0:
                             r[xi(g, i, p - 1)] = 1.0
-                if p == 0 and queues[i].model == mk:
-                    continue  # the model it serves now: no switch
-                rows.append((r, 0.0, np.inf))
-            # C[i,p] as a linear expression (10): coefficients and constant
-            cexp: dict[int, float] = {}
-            for pp in range(p):
+                row(r, 0.0, np.inf)
+            # (10) T[i,p] = T[i,p-1] + work(p-1) + L·s[i,p]   (T[i,0] = ready + L·s[i,0])
+            r = {ti(i, p): 1.0, si(i, p): -q.swap_s}
+            if p == 0:
+                row(r, q.ready, q.ready)
+            else:
+                r[ti(i, p - 1)] = -1.0
                 for g in range(n_g):
-                    cexp[xi(g, i, pp)] = cexp.get(xi(g, i, pp), 0.0) + groups[g].work[i]
-            for pp in range(p + 1):
-                cexp[si(i, pp)] = queues[i].swap_s
-            for g in range(n_g):
-                cexp[xi(g, i, p)] = cexp.get(xi(g, i, p), 0.0) + groups[g].completion[i]
-            const = queues[i].ready
-            for g, grp in enumerate(groups):  # (11, 12) C <= d + M(1 - x)
-                r = dict(cexp)
-                r[xi(g, i, p)] = r.get(xi(g, i, p), 0.0) + big
-                rows.append((r, -np.inf, grp.deadline - const + big))
-            # (13) c[i,p] >= C[i,p] - M(1 - filled)
-            r = {k: -v for k, v in cexp.items()}
-            r[ci(i, p)] = 1.0
-            for g in range(n_g):
-                r[xi(g, i, p)] = r.get(xi(g, i, p), 0.0) - big
-            rows.append((r, const - big, np.inf))
-    a = lil_matrix((len(rows), nv))
-    lo, hi = np.empty(len(rows)), np.empty(len(rows))
-    for k, (r, low, high) in enumerate(rows):
-        for j, v in r.items():
-            a[k, j] = v
-        lo[k], hi[k] = low, high
+                    r[xi(g, i, p - 1)] = -groups[g].work[i]
+                row(r, 0.0, 0.0)
+            # (11, 12) T + Σ x (completion - deadline + M) <= M: the group there meets
+            # its deadline at level α
+            r = {ti(i, p): 1.0}
+            for g, grp in enumerate(groups):
+                r[xi(g, i, p)] = grp.completion[i] - grp.deadline + big
+            row(r, -np.inf, big)
+            # (13) c >= T + Σ x completion - M (1 - Σ x)
+            r = {ci(i, p): 1.0, ti(i, p): -1.0}
+            for g, grp in enumerate(groups):
+                r[xi(g, i, p)] = -grp.completion[i] - big
+            row(r, -big, np.inf)
+    a = coo_matrix((vv, (rr, cc)), shape=(len(lo), nv)).tocsr()
     cost = np.zeros(nv)
-    cost[nx + n_q * n_p :] = 1.0
+    cost[nx + nqp : nx + 2 * nqp] = 1.0
     integrality = np.zeros(nv)
-    integrality[: nx + n_q * n_p] = 1
+    integrality[: nx + nqp] = 1
     ub = np.full(nv, np.inf)
-    ub[: nx + n_q * n_p] = 1.0
+    ub[: nx + nqp] = 1.0
     res = milp(
         cost,
-        constraints=LinearConstraint(a.tocsr(), lo, hi),
+        constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
         integrality=integrality,
         bounds=Bounds(np.zeros(nv), ub),
         options={"time_limit": time_limit_s, "presolve": True},
     )
     if res.x is None:
-        return None, "infeasible" if res.status == 2 else "timeout" if res.status == 1 else (
-            f"status-{res.status}"
-        )
+        status = {1: "timeout", 2: "infeasible"}.get(res.status, f"status-{res.status}")
+        return None, status
     x = res.x
     order: dict[int, list[int]] = {}
     for i, q in enumerate(queues):
-        seq = []
-        for p in range(n_p):
-            for g in range(n_g):
-                if x[xi(g, i, p)] > 0.5:
-                    seq.append(groups[g].gid)
-        order[q.rid] = seq
+        order[q.rid] = [
+            groups[g].gid for p in range(n_p) for g in range(n_g) if x[xi(g, i, p)] > 0.5
+        ]
     return order, "optimal" if res.status == 0 else "time-limit-feasible"

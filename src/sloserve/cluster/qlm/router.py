@@ -17,18 +17,24 @@ group re-plans all groups (``plan.py``), at most once per ``replan_interval_s`` 
 simulated time (a choice: bursts of new groups would otherwise re-plan per arrival).
 
 **Load balancing** is the assignment itself; a dispatched request never migrates.
-**Model warm start**: when the head group of a replica's virtual queue is of another model,
-the replica changes model (:class:`ChangeModel`: it finishes what it holds, then loads; a
-model it held before loads warm from CPU memory, ``cluster/models.py``). **Eviction and
-GPU↔CPU swap** happen on the replica, in its ``qlm`` policy (``policies/qlm/agent.py``).
+**Model changes**: when the head group of a replica's virtual queue is of another model,
+the replica changes model (:class:`ChangeModel`: it finishes what it holds, then loads).
+**Model warm start** (§5): the models of the next groups in its queue, up to
+``cpu_models`` (default 2), are kept in the replica's CPU memory, so a change to one of
+them loads warm (host-to-GPU); any other loads cold from disk (``cluster/models.py``).
+**Eviction and GPU↔CPU swap** happen on the replica, in its ``qlm`` policy
+(``policies/qlm/agent.py``).
 
 Baselines (same pull, no groups or plan): ``edf`` pulls the earliest absolute deadline of
 the model's queue to the least-loaded replica with room; ``fcfs`` pulls in arrival order.
+Their model changes follow the queue's head: an idle replica changes to the model of the
+head request (the paper's EDF that swaps whenever the order says so), and a model no
+replica serves makes the least-loaded replica change.
 
 Ablations (``lsos``, a subset of ``pull,balance,warm-start``): without ``pull`` a request is
 sent to its group's replica at once (it waits there); without ``balance`` groups go to
 their model's replicas in rotation, in deadline order, with no plan; without
-``warm-start`` no replica changes model (requests of a model no replica serves wait).
+``warm-start`` no model is kept in CPU memory: every model change loads cold.
 """
 
 from __future__ import annotations
@@ -73,6 +79,8 @@ class QLMHooks:
     request: Callable[[int | str], Request | None]
     profile: Callable[[int], HardwareProfile]
     swap_s: Callable[[int, str], float]
+    set_warm: Callable[[int, set[str]], None] = lambda rid, models: None
+    """Which models replica ``rid`` keeps in CPU memory (loads of them are warm)."""
 
 
 @dataclass
@@ -120,8 +128,10 @@ class QLMRouter(Router):
         lsos: frozenset[str],
         tick_s: float,
         replan_interval_s: float,
+        cpu_models: int = 2,
     ) -> None:
         self.name = mode
+        self.cpu_models = cpu_models
         self.mode = mode
         self.tick_s: float | None = tick_s
         self.table = GroupTable(grouping)
@@ -248,7 +258,9 @@ class QLMRouter(Router):
         best_same = best
         for v in live:
             m, var, model = self._tail(v, now)
-            same = model == g.model or v.model == g.model or g.model == "default"
+            # a replica changing model serves the new one (its old one is draining)
+            now_model = self._changing.get(v.replica_id, v.model)
+            same = g.model in (model, now_model, "default")
             if model != g.model:
                 m += self._swap(v.replica_id, g.model)
             cm, cv = self.rct.completion(g, self._hw(v.replica_id))
@@ -399,7 +411,7 @@ class QLMRouter(Router):
 
     def _actions(self, view: ClusterView) -> list[Action]:
         out: list[Action] = []
-        if self.mode == "qlm" and "warm-start" in self.lsos:
+        if self.mode == "qlm":
             out += self._warm_start(view)
         elif self.mode != "qlm":
             out += self._swap_for_head(view)
@@ -407,37 +419,59 @@ class QLMRouter(Router):
         return out
 
     def _swap_for_head(self, view: ClusterView) -> list[Action]:
-        """Baselines: the first held request (their order) whose model no replica serves or
-        loads makes the least-loaded UP replica change model (no grouping: the thrash of
-        Insight #3)."""
+        """Baselines' model changes (no grouping): an idle replica changes to the model of
+        the head of the global queue (their order); the first held request whose model no
+        replica serves or loads makes the least-loaded UP replica change."""
         for rid, model in list(self._changing.items()):
             v = view.replica(rid)
             if v.model == model and v.status is ReplicaStatus.UP:
                 del self._changing[rid]
-        covered = {v.model for v in self._live(view)} | set(self._changing.values())
         key = self._deadline if self.mode == "edf" else (lambda r: r.arrival)
-        waiting = [
-            r for r in self._held.values() if r.model not in covered and r.model != "default"
-        ]
-        if not waiting:
+        held = [r for r in self._held.values() if r.model != "default"]
+        if not held:
             return []
-        head = min(waiting, key=lambda r: (key(r), r.arrival))
         up = [
             v
             for v in view.replicas()
             if v.status is ReplicaStatus.UP and v.replica_id not in self._changing
         ]
-        if not up:
-            return []
-        v = min(up, key=lambda v: (v.outstanding, v.replica_id))
-        self._changing[v.replica_id] = head.model
+        out: list[Action] = []
+        # An idle replica serves the head of the global queue, changing model when the
+        # head is of another model: the per-instance pull of the paper's baselines, which
+        # swaps whenever the order says so (Insight #3's thrash).
+        head = min(held, key=lambda r: (key(r), r.arrival))
+        for v in up:
+            if v.outstanding == 0 and v.model != head.model:
+                out.append(self._change(v.replica_id, head.model))
+                break
+        covered = {v.model for v in self._live(view)} | set(self._changing.values())
+        waiting = [r for r in held if r.model not in covered]
+        up = [v for v in up if v.replica_id not in self._changing]
+        if waiting and up:  # a model no replica serves: the least-loaded replica changes
+            first = min(waiting, key=lambda r: (key(r), r.arrival))
+            v = min(up, key=lambda v: (v.outstanding, v.replica_id))
+            out.append(self._change(v.replica_id, first.model))
+        return out
+
+    def _change(self, rid: int, model: str) -> ChangeModel:
+        self._changing[rid] = model
         self.stats.model_changes += 1
-        return [ChangeModel(v.replica_id, head.model)]
+        return ChangeModel(rid, model)
 
     def _warm_start(self, view: ClusterView) -> list[Action]:
+        """Model changes for heads of another model, and (the warm-start LSO) the models
+        kept in CPU memory: the next ``cpu_models`` models of the queue (§5)."""
         out: list[Action] = []
         for rid, gids in self.vq.items():
             v = view.replica(rid)
+            if self.hooks is not None:
+                warm: list[str] = []
+                if "warm-start" in self.lsos:
+                    for gid in gids:
+                        g = self.table.groups.get(gid)
+                        if g is not None and g.model not in warm and len(warm) < self.cpu_models:
+                            warm.append(g.model)
+                self.hooks.set_warm(rid, set(warm))
             pending = self._changing.get(rid)
             if pending is not None and v.model == pending and v.status is ReplicaStatus.UP:
                 del self._changing[rid]
@@ -452,15 +486,14 @@ class QLMRouter(Router):
             out.append(ChangeModel(rid, head.model))
         return out
 
-    def _keep_model(
-        self, v: ReplicaView, gids: list[int], head: RequestGroup, now: float
-    ) -> bool:
+    def _keep_model(self, v: ReplicaView, gids: list[int], head: RequestGroup, now: float) -> bool:
         """Insight #3 before a model change: the groups of the replica's current model in
         its queue move to the front when the head group still meets its deadline (level
         α) after them and the change; then the replica keeps its model for now."""
         rid = v.replica_id
-        same = [g for g in gids if (h := self.table.groups.get(g)) is not None
-                and h.model == v.model]
+        same = [
+            g for g in gids if (h := self.table.groups.get(g)) is not None and h.model == v.model
+        ]
         if not same:
             return False
         hw = self._hw(rid)
@@ -535,13 +568,14 @@ def make_qlm_router(
     group_size_factor: float = 4.0,
     avg_batch_size: int = 16,
     time_limit_s: float = 0.5,
-    max_milp_vars: int = 4000,
+    max_milp_vars: int = 2000,
     output_mean: float = 256.0,
     output_std: float = 128.0,
     prior_weight: float = 20.0,
     lsos: str | Iterable[str] = "pull,balance,warm-start",
     tick_s: float = 1.0,
     replan_interval_s: float = 1.0,
+    cpu_models: int = 2,
 ) -> QLMRouter:
     """The router (module docstring); every bad parameter is a one-line ConfigError."""
     try:
@@ -554,6 +588,8 @@ def make_qlm_router(
             if not 0 < tick_s <= 3600
             else f"router_params.replan_interval_s: must be in [0, 3600], got {replan_interval_s}"
         )
+    if not isinstance(cpu_models, int) or cpu_models < 0:
+        raise ConfigError(f"router_params.cpu_models: must be an integer >= 0, got {cpu_models}")
     try:
         grouping = GroupingConfig(group_size_factor, avg_batch_size)
         planner = PlannerConfig(time_limit_s, max_milp_vars)
@@ -569,4 +605,5 @@ def make_qlm_router(
         lsos=_lsos(lsos),
         tick_s=tick_s,
         replan_interval_s=replan_interval_s,
+        cpu_models=cpu_models,
     )
