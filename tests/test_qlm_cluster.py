@@ -154,3 +154,26 @@ def test_cli_simulate_and_compare_with_qlm(tmp_path: Path) -> None:
     assert_user_error(procs["bad"], "alpha", "2")
     assert_user_error(procs["slo"], "workload.slo")  # deadline <= 0
     assert_user_error(procs["cls"], "urgent")
+
+
+def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path) -> None:
+    from sloserve.experiments.qlm import Plan, reproduce, system_table
+
+    plan = Plan((0.5,), 6.0, {"W_A": 8.0, "W_B": 20.0}, (4.0,), 0, (4,)).built()
+    assert {r.system for r in plan.runs} >= {
+        "qlm",
+        "edf",
+        "fcfs",
+        "round-robin",
+        "qlm-no-warm-start",
+        "qlm-no-eviction",
+    }
+    rep = reproduce(plan, tmp_path)
+    for f in ("results.csv", "plan_times.csv", "headline.json", "attainment.png", "plan_time.png"):
+        assert (tmp_path / f).is_file(), f
+    head = json.loads((tmp_path / "headline.json").read_text())
+    assert "attainment_gain_vs_best_baseline_W_A" in head and head["paper"]
+    t = system_table(rep.results)
+    assert set(t["workload"]) == {"W_A", "W_B"} and (t["attainment"] > 0).all()
+    with pytest.raises(ConfigError, match="rt_shares"):
+        Plan((1.5,), 6.0, {"W_B": 20.0}, (4.0,)).built()

@@ -9,6 +9,7 @@ Importing this package registers the routers ``qlm``, ``edf`` and ``fcfs``
 from functools import partial
 
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupKey, GroupTable, RequestGroup
+from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
 from sloserve.cluster.qlm.plan import Plan, PlanGroup, PlannerConfig, PlanQueue, generate_plan
 from sloserve.cluster.qlm.rct import (
     HardwareProfile,
@@ -17,7 +18,7 @@ from sloserve.cluster.qlm.rct import (
     profile_instance,
     profile_replica,
 )
-from sloserve.cluster.qlm.router import QLMHooks, QLMRouter, make_qlm_router
+from sloserve.cluster.qlm.router import QLMRouter, make_qlm_router
 from sloserve.cluster.routing import register_router, router_names
 
 _SUMMARIES = {
@@ -41,6 +42,7 @@ __all__ = [
     "PlannerConfig",
     "QLMHooks",
     "QLMRouter",
+    "QLMStats",
     "RCTEstimator",
     "RequestGroup",
     "generate_plan",

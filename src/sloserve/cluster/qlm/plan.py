@@ -19,7 +19,7 @@ The model (one binary ``x[g,i,p]`` per group g, virtual queue i and position p):
 - (13) objective: the total penalty ``Σ_g (C_g − d_g)``, i.e. the total completion time of
   the groups (the deadlines are constants), through ``c[i,p] ≥ C[i,p] − M·(1 − filled)``.
 
-Choices: positions per queue are ``G`` (exact) when ``G·I·G ≤ max_milp_vars``, else the
+Choices: positions per queue are ``G`` (exact) when ``G·I·G ≤ max_milp_vars`` (300), else the
 problem is too large for an exact solve inside the time budget and the **greedy** plan is
 used (counted as ``heuristic``): groups in EDF order, each appended to the queue where its
 α-quantile completion, swap included, is earliest. When HiGHS reports the problem
@@ -83,8 +83,8 @@ class Plan:
 class PlannerConfig:
     """Solver limits."""
 
-    time_limit_s: float = 0.5
-    max_milp_vars: int = 2000
+    time_limit_s: float = 0.2
+    max_milp_vars: int = 300
 
     def __post_init__(self) -> None:
         if not 0 < self.time_limit_s <= 3600:

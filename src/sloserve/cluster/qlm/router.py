@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sloserve.cluster.controller import Action, ChangeModel, Event, ReorderQueue
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupTable, RequestGroup
+from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
 from sloserve.cluster.qlm.plan import (
     Plan,
     PlanGroup,
@@ -58,57 +58,13 @@ from sloserve.cluster.qlm.rct import (
     HardwareProfile,
     OutputLengthModel,
     RCTEstimator,
-    r_squared,
     z_of,
 )
 from sloserve.cluster.routing import Decision, Hold, Router
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError
-from sloserve.core.request import Request
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
-
-
-@dataclass
-class QLMHooks:
-    """What the simulation gives QLM beyond the :class:`ClusterView` (``cluster_run``):
-    ``request`` (a submitted request by id: its routing facts at arrival, its output
-    length once it ended), ``profile`` (the RCT constants of a replica, by replica id)
-    and ``swap_s`` (seconds to load a model onto a replica, cold)."""
-
-    request: Callable[[int | str], Request | None]
-    profile: Callable[[int], HardwareProfile]
-    swap_s: Callable[[int, str], float]
-    set_warm: Callable[[int, set[str]], None] = lambda rid, models: None
-    """Which models replica ``rid`` keeps in CPU memory (loads of them are warm)."""
-
-
-@dataclass
-class QLMStats:
-    """What the plan generator did (the run's ``qlm`` summary block)."""
-
-    plan_calls: int = 0
-    methods: dict[str, int] = field(default_factory=dict)
-    fallbacks: int = 0
-    solve_s_total: float = 0.0
-    solve_s_max: float = 0.0
-    infeasible_plans: int = 0
-    model_changes: int = 0
-    predicted: list[float] = field(default_factory=list)
-    actual: list[float] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "plan_calls": self.plan_calls,
-            "plan_methods": dict(sorted(self.methods.items())),
-            "plan_fallbacks": self.fallbacks,
-            "plan_solve_s_total": self.solve_s_total,
-            "plan_solve_s_max": self.solve_s_max,
-            "plans_predicting_violations": self.infeasible_plans,
-            "model_changes": self.model_changes,
-            "rct_r2": r_squared(self.predicted, self.actual),
-            "rct_samples": len(self.actual),
-        }
 
 
 class QLMRouter(Router):
@@ -567,8 +523,8 @@ def make_qlm_router(
     alpha: float = 0.9,
     group_size_factor: float = 4.0,
     avg_batch_size: int = 16,
-    time_limit_s: float = 0.5,
-    max_milp_vars: int = 2000,
+    time_limit_s: float = 0.2,
+    max_milp_vars: int = 300,
     output_mean: float = 256.0,
     output_std: float = 128.0,
     prior_weight: float = 20.0,

@@ -48,10 +48,14 @@ class Reproduction:
 
 def run_one(run: Run) -> dict[str, Any]:
     """Simulate one run and return its row."""
-    from sloserve.api import simulate
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.experiments.cluster_run import simulate_cluster
+    from sloserve.experiments.runner import SimConfig
 
     sim, cluster = run.config()
-    s = simulate(sim, cluster=cluster).summary
+    s = simulate_cluster(
+        SimConfig.model_validate(sim), ClusterConfig.load(cluster, f"qlm run {run.key}")
+    ).summary
     q = s.get("qlm") or {}
     by_class = s.get("deadline_attainment_by_class") or {}
     return {
@@ -79,6 +83,8 @@ def run_one(run: Run) -> dict[str, Any]:
 
 def plan_time_curve(sizes: tuple[int, ...], seed: int) -> pd.DataFrame:
     """Plan-generator time vs queue size (groups of 64 requests, 32 queues, 8 models)."""
+    import scipy.optimize  # noqa: F401  (its one-time import is not solve time)
+
     rng = random.Random(seed)
     rows = []
     for n in sizes:
@@ -95,7 +101,7 @@ def plan_time_curve(sizes: tuple[int, ...], seed: int) -> pd.DataFrame:
         ]
         queues = [PlanQueue(k, f"m{k % 8}", rng.uniform(0, 2), 3.0) for k in range(n_q)]
         t0 = time.perf_counter()
-        plan = generate_plan(groups, queues, PlannerConfig(time_limit_s=0.5))
+        plan = generate_plan(groups, queues, PlannerConfig())
         dt = time.perf_counter() - t0
         rows.append(
             {
