@@ -177,3 +177,33 @@ def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path)
     assert set(t["workload"]) == {"W_A", "W_B"} and (t["attainment"] > 0).all()
     with pytest.raises(ConfigError, match="rt_shares"):
         Plan((1.5,), 6.0, {"W_B": 20.0}, (4.0,)).built()
+
+
+def test_the_same_router_serves_live_in_the_emulated_gateway() -> None:
+    import asyncio
+    import time
+
+    from sloserve.cluster.qlm import QLMRouter
+    from sloserve.serve.backend import GenerationRequest
+    from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
+
+    backend = EmulatedBackend(EmulatedConfig(replicas=2, router="qlm", time_scale=50))
+    assert isinstance(backend.router, QLMRouter)
+
+    async def serve() -> list[int]:
+        await backend.start()
+        req = lambda i: GenerationRequest(  # noqa: E731
+            f"cmpl-{i}",
+            "completions",
+            backend.model_name,
+            prompt_tokens=200,
+            max_tokens=16,
+            arrival=time.monotonic(),
+        )
+        streams = []
+        for i in range(4):
+            streams.append([c async for c in backend.generate(req(i))])
+        await backend.stop()
+        return [sum(c.num_tokens for c in s) for s in streams]
+
+    assert asyncio.run(serve()) == [16] * 4

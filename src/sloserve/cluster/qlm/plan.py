@@ -19,14 +19,15 @@ The model (one binary ``x[g,i,p]`` per group g, virtual queue i and position p):
 - (13) objective: the total penalty ``Σ_g (C_g − d_g)``, i.e. the total completion time of
   the groups (the deadlines are constants), through ``c[i,p] ≥ C[i,p] − M·(1 − filled)``.
 
-Choices: positions per queue are ``G`` (exact) when ``G·I·G ≤ max_milp_vars`` (300), else the
+Choices: positions per queue are ``G`` (exact) when ``G·I·G ≤ max_milp_vars`` (80), else the
 problem is too large for an exact solve inside the time budget and the **greedy** plan is
 used (counted as ``heuristic``): groups in EDF order, each appended to the queue where its
 α-quantile completion, swap included, is earliest. When HiGHS reports the problem
-infeasible (no ordering meets every deadline with probability α) or hits its time limit
-without a solution, the plan **falls back to EDF** (Appendix A.3, option b; counted):
-groups in deadline order, each to the queue with the least work ahead that serves its
-model (any queue when none does).
+infeasible (no ordering meets every deadline with probability α) or stops at its node
+limit (``node_limit``, deterministic: plans do not depend on the machine's speed; the
+time limit is only a guard) without a solution, the plan **falls back to EDF**
+(Appendix A.3, option b; counted): groups in deadline order, each to the queue with the
+least work ahead that serves its model (any queue when none does).
 """
 
 from __future__ import annotations
@@ -83,12 +84,17 @@ class Plan:
 class PlannerConfig:
     """Solver limits."""
 
-    time_limit_s: float = 0.2
-    max_milp_vars: int = 300
+    time_limit_s: float = 5.0
+    """A guard only: the node limit is what bounds a solve (deterministic)."""
+    max_milp_vars: int = 80
+    node_limit: int = 50
+    """Branch-and-bound nodes per solve; with no feasible plan by then: EDF fallback."""
 
     def __post_init__(self) -> None:
         if not 0 < self.time_limit_s <= 3600:
             raise ConfigError(f"time_limit_s: must be in (0, 3600], got {self.time_limit_s}")
+        if self.node_limit < 1:
+            raise ConfigError(f"node_limit: must be >= 1, got {self.node_limit}")
         if self.max_milp_vars < 0:
             raise ConfigError(f"max_milp_vars: must be >= 0, got {self.max_milp_vars}")
 
@@ -173,14 +179,17 @@ def generate_plan(
     n_g, n_q = len(groups), len(queues)
     if n_g * n_q * n_g > cfg.max_milp_vars:
         return _finish(groups, queues, greedy_plan(groups, queues), "heuristic", t0, "too-large")
-    order, status = _milp(groups, queues, cfg.time_limit_s)
+    order, status = _milp(groups, queues, cfg.time_limit_s, cfg.node_limit)
     if order is None:
         return _finish(groups, queues, edf_plan(groups, queues), "edf-fallback", t0, status)
     return _finish(groups, queues, order, "milp", t0, status)
 
 
 def _milp(
-    groups: Sequence[PlanGroup], queues: Sequence[PlanQueue], time_limit_s: float
+    groups: Sequence[PlanGroup],
+    queues: Sequence[PlanQueue],
+    time_limit_s: float,
+    node_limit: int,
 ) -> tuple[dict[int, list[int]] | None, str]:
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
@@ -274,7 +283,7 @@ def _milp(
         constraints=LinearConstraint(a, np.array(lo), np.array(hi)),
         integrality=integrality,
         bounds=Bounds(np.zeros(nv), ub),
-        options={"time_limit": time_limit_s, "presolve": True},
+        options={"time_limit": time_limit_s, "node_limit": node_limit, "presolve": True},
     )
     if res.x is None:
         status = {1: "timeout", 2: "infeasible"}.get(res.status, f"status-{res.status}")

@@ -31,6 +31,11 @@ Their model changes follow the queue's head: an idle replica changes to the mode
 head request (the paper's EDF that swaps whenever the order says so), and a model no
 replica serves makes the least-loaded replica change.
 
+Live (``sloserve serve --backend emulated --router qlm``): the gateway's cluster binds no
+hooks and runs no controller, so replicas are priced with :data:`NOMINAL_PROFILE`, groups
+form as requests are routed, and pulls follow the cluster's in-order queue (no reorders,
+no model changes).
+
 Ablations (``lsos``, a subset of ``pull,balance,warm-start``): without ``pull`` a request is
 sent to its group's replica at once (it waits there); without ``balance`` groups go to
 their model's replicas in rotation, in deadline order, with no plan; without
@@ -65,6 +70,10 @@ from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, Route
 from sloserve.core.errors import ConfigError
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
+
+NOMINAL_PROFILE = HardwareProfile(8.3e-5, 0.0168, 1470.0, 1.09)
+"""RCT constants without a simulation to profile (the live gateway): the profiling batch's
+numbers for Llama-2-7B on an A100 (``llama-2-7b-a100``)."""
 
 
 class QLMRouter(Router):
@@ -115,7 +124,7 @@ class QLMRouter(Router):
     def _hw(self, rid: int) -> HardwareProfile:
         # The hooks cache per profile: a replica that changed model has another one.
         if self.hooks is None:
-            raise ConfigError(f"router {self.name!r} needs the cluster's hooks (bind)")
+            return NOMINAL_PROFILE
         return self.hooks.profile(rid)
 
     @staticmethod
@@ -523,8 +532,9 @@ def make_qlm_router(
     alpha: float = 0.9,
     group_size_factor: float = 4.0,
     avg_batch_size: int = 16,
-    time_limit_s: float = 0.2,
-    max_milp_vars: int = 300,
+    time_limit_s: float = 5.0,
+    node_limit: int = 50,
+    max_milp_vars: int = 80,
     output_mean: float = 256.0,
     output_std: float = 128.0,
     prior_weight: float = 20.0,
@@ -548,7 +558,7 @@ def make_qlm_router(
         raise ConfigError(f"router_params.cpu_models: must be an integer >= 0, got {cpu_models}")
     try:
         grouping = GroupingConfig(group_size_factor, avg_batch_size)
-        planner = PlannerConfig(time_limit_s, max_milp_vars)
+        planner = PlannerConfig(time_limit_s, max_milp_vars, node_limit)
         OutputLengthModel(output_mean, output_std, prior_weight)
     except ConfigError as e:
         raise ConfigError(f"router_params.{e}") from None
