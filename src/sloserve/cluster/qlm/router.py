@@ -218,10 +218,29 @@ class QLMRouter(Router):
         """Where a new group goes: among the replicas that serve (or will serve) its model
         and meet its deadline at level α, the earliest; when none does, the earliest of
         all, a model change included (Insight #3: no swap that a deadline does not need).
+        The replicas serving (or changing to) its model now are priced first; the others
+        only when none of those meets the deadline (speed: most groups stop there).
         Returns (replica, α-quantile completion, mean completion), absolute times."""
-        best = (math.inf, math.inf, live[0].replica_id)
+        first = [
+            v for v in live if g.model in (v.model, self._changing.get(v.replica_id), "default")
+        ]
+        if first:
+            q, mean, rid, same = self._earliest(g, first, now)
+            if same[0] < math.inf:
+                return same[2], same[0], same[1]
+        q, mean, rid, same = self._earliest(g, live, now)
+        pick = same if same[0] < math.inf else (q, mean, rid)
+        return pick[2], pick[0], pick[1]
+
+    def _earliest(
+        self, g: RequestGroup, cand: Sequence[ReplicaView], now: float
+    ) -> tuple[float, float, int, tuple[float, float, int]]:
+        """The earliest α-quantile completion of ``g`` at the tail of ``cand``'s queues
+        (quantile, mean, replica) and the earliest among those that keep its model and
+        meet its deadline."""
+        best = (math.inf, math.inf, cand[0].replica_id)
         best_same = best
-        for v in live:
+        for v in cand:
             m, var, model = self._tail(v, now)
             # a replica changing model serves the new one (its old one is draining)
             now_model = self._changing.get(v.replica_id, v.model)
@@ -234,8 +253,7 @@ class QLMRouter(Router):
                 best = (q, now + m + cm, v.replica_id)
             if same and q <= g.deadline and q < best_same[0]:
                 best_same = (q, now + m + cm, v.replica_id)
-        pick = best_same if best_same[0] < math.inf else best
-        return pick[2], pick[0], pick[1]
+        return best[0], best[1], best[2], best_same
 
     def _swap(self, rid: int, model: str) -> float:
         """What changing replica ``rid`` to ``model`` costs: the load (warm or cold), plus
