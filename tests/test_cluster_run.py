@@ -32,6 +32,8 @@ def test_one_replica_pass_through_is_the_single_replica_run(policy: str) -> None
         "rejected_by_reason",
         "admission",
         "model_loads",
+        "model_loads_by_tier",
+        "deadline_attainment_by_class",
         "failovers",
         "kv_transfers",
         "kv_transfer_s_mean",

@@ -60,13 +60,13 @@ def test_each_paper_lives_in_one_shape() -> None:
     """Contributing's rule: policies/<paper>/, experiments/<paper>/, cli/<paper>.py and
     docs/papers/<paper>.md for every paper built so far."""
     docs = SRC.parents[1] / "docs" / "papers"
-    for paper in ("andes", "bros", "infermax"):
+    for paper in ("andes", "bros", "infermax", "qlm"):
         assert (SRC / "policies" / paper / "__init__.py").is_file(), paper
         assert (SRC / "experiments" / paper / "__init__.py").is_file(), paper
         assert (SRC / "cli" / f"{paper}.py").is_file(), paper
         assert (docs / f"{paper}.md").is_file(), paper
     # Cluster-level papers keep their controllers in cluster/<paper>/ instead of policies/.
-    for paper in ("aladdin",):
+    for paper in ("aladdin", "qlm"):
         assert (SRC / "cluster" / paper / "__init__.py").is_file(), paper
         assert (SRC / "experiments" / paper / "__init__.py").is_file(), paper
         assert (SRC / "cli" / f"{paper}.py").is_file(), paper

@@ -22,6 +22,7 @@ from sloserve.cli import (  # noqa: F401  (imported for their command registrati
     bros,
     infermax,
     aladdin,
+    qlm,
     serve,
 )
 

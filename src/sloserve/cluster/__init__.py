@@ -99,3 +99,6 @@ __all__ = [
 
 # Aladdin's router registers itself (it lives in its own package, above routing).
 import sloserve.cluster.aladdin.router  # noqa: F401
+
+# Registers the qlm, edf and fcfs routers (after routing, which it builds on).
+from sloserve.cluster import qlm  # noqa: F401

@@ -33,6 +33,7 @@ from sloserve.cluster.cluster import Cluster
 from sloserve.cluster.config import ClusterConfig
 from sloserve.cluster.controller import Controller, UtilisationAutoscaler
 from sloserve.cluster.models import ModelRegistry, model_name_of
+from sloserve.cluster.qlm import HardwareProfile, QLMHooks, QLMRouter, profile_replica
 from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
@@ -201,6 +202,17 @@ def simulate_cluster(
     router = make_router(ccfg.router, rparams, seed=seed)
     _bind_router(router, profiles[0], gcfgs[0], reqs)
     pd = ccfg.disaggregated
+    # A router that is also a controller (QLM's) is the cluster's controller.
+    controller: Any = UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None
+    if isinstance(router, QLMRouter):
+        if controller is not None or pd:
+            raise ConfigError(
+                f"cluster.router: {ccfg.router!r} plans the cluster itself; it does not "
+                "combine with cluster.autoscaler or prefill/decode roles"
+            )
+        controller = router
+    elif controller is None and hasattr(router, "on_tick") and hasattr(router, "on_event"):
+        controller = cast(Controller, router)  # a router that also controls (Aladdin's)
     clu = Cluster(
         env,
         specs,
@@ -209,19 +221,15 @@ def simulate_cluster(
         loader=_Loader(registry),
         cold_start=ccfg.cold_start,
         admission=ccfg.admission.build(),
-        controller=(
-            UtilisationAutoscaler(ccfg.autoscaler)
-            if ccfg.autoscaler
-            else cast(Controller, router)  # a router that also controls (Aladdin)
-            if hasattr(router, "on_tick") and hasattr(router, "on_event")
-            else None
-        ),
+        controller=controller,
         trace_decisions=ccfg.trace_decisions,
         servable=served,
         kv_transfer=_kv_transfer(ccfg, profiles) if pd else None,
         # Its own router state (a rotation over decode replicas, its own draws).
         decode_router=make_router(ccfg.router, rparams, seed=seed) if pd else None,
     )
+    if isinstance(router, QLMRouter):
+        router.bind(qlm_hooks(clu, reqs, gcfgs, registry))
     for f in ccfg.failures:
         clu.schedule_failure(f.replica, f.at_s, f.recover_s)
     for d in ccfg.drains:
@@ -247,6 +255,47 @@ def simulate_cluster(
         else max([r.finish_time or 0.0 for r in reqs] + [0.0])
     )
     return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0)
+
+
+def qlm_hooks(
+    clu: Cluster, reqs: Sequence[Request], gcfgs: Sequence[SimConfig], registry: ModelRegistry
+) -> QLMHooks:
+    """QLM's view beyond the ClusterView: submitted requests by id, each replica's RCT
+    constants (a profiling batch on a fresh copy of it, once per profile) and model load
+    times (warm from CPU memory when the replica held the model before)."""
+    by_id: dict[int | str, Request] = {r.req_id: r for r in reqs}
+    profiles: dict[str, HardwareProfile] = {}
+    loader = _Loader(registry)
+
+    def profile(rid: int) -> HardwareProfile:
+        spec = clu.replicas[rid].spec
+        hw = profiles.get(spec.profile)
+        if hw is None:
+            icfg = gcfgs[spec.group].instance.model_copy(update={"profile": spec.profile})
+            probe = build_instance(
+                gcfgs[spec.group].model_copy(update={"instance": icfg}), Environment()
+            )
+            hw = profiles[spec.profile] = profile_replica(probe)
+        return hw
+
+    loads: dict[tuple[str, str, str], float] = {}
+
+    def swap_s(rid: int, model: str) -> float:
+        rep = clu.replicas[rid]
+        if model == rep.spec.model:
+            return 0.0
+        tier = "cpu" if model in rep.warm_models else loader.tier(model)
+        key = (rep.spec.profile, model, tier)
+        if key not in loads:  # a profile read per (profile, model, tier), not per call
+            loads[key] = loader.load_time(loader.respec(rep.spec, model), model, tier)
+        return loads[key]
+
+    def set_warm(rid: int, models: set[str]) -> None:
+        # The replica's CPU memory holds these models' weights (and the one it serves).
+        rep = clu.replicas[rid]
+        rep.warm_models = models | {rep.spec.model}
+
+    return QLMHooks(by_id.get, profile, swap_s, set_warm)
 
 
 def _kv_transfer(
@@ -381,6 +430,16 @@ def _result(
             str(m): (float(v.mean()) if len(v := g["slo_ok"].dropna()) else None)
             for m, g in table.groupby("model", sort=True)
         }
+    summary["model_loads_by_tier"] = dict(
+        sorted(Counter(t for rep in clu.replicas for *_, t in rep.loads).items())
+    )
+    if len(table) and "deadline_ok" in table:
+        summary["deadline_attainment_by_class"] = {
+            str(c): (float(v.mean()) if len(v := g["deadline_ok"].dropna()) else None)
+            for c, g in table.groupby("class", sort=True)
+        }
+    if isinstance(clu.router, QLMRouter):
+        summary["qlm"] = clu.router.summary()
     summary["wall_seconds"] = time.perf_counter() - t0
     iter_end = iter_ends.get(0, np.empty(0))
     return ClusterRunResult(

@@ -67,6 +67,15 @@ register("andes", _andes, "Andes: QoE-aware token-level preemptive scheduling (k
 register("lqsf", _lqsf, "Least QoE Slack First (Andes §6.1 baseline)")
 
 
+def _qlm(params: Mapping[str, Any]) -> Scheduler:
+    from sloserve.policies.qlm import make_qlm_agent
+
+    return make_qlm_agent(params)
+
+
+register("qlm", _qlm, "QLM §5 agent: EDF pulls, eviction or GPU-CPU swap chosen by cost")
+
+
 def _rr(params: Mapping[str, Any]) -> Scheduler:
     from sloserve.policies.bros import make_rr
 

@@ -1,0 +1,54 @@
+"""What QLM gets from the simulation beyond the router's view (:class:`QLMHooks`, filled
+by ``experiments/cluster_run.py``) and what it reports back (:class:`QLMStats`, the run
+summary's ``qlm`` block)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sloserve.cluster.qlm.rct import HardwareProfile, r_squared
+from sloserve.core.request import Request
+
+
+@dataclass
+class QLMHooks:
+    """What the simulation gives QLM beyond the :class:`ClusterView` (``cluster_run``):
+    ``request`` (a submitted request by id: its routing facts at arrival, its output
+    length once it ended), ``profile`` (the RCT constants of a replica, by replica id)
+    and ``swap_s`` (seconds to load a model onto a replica, cold)."""
+
+    request: Callable[[int | str], Request | None]
+    profile: Callable[[int], HardwareProfile]
+    swap_s: Callable[[int, str], float]
+    set_warm: Callable[[int, set[str]], None] = lambda rid, models: None
+    """Which models replica ``rid`` keeps in CPU memory (loads of them are warm)."""
+
+
+@dataclass
+class QLMStats:
+    """What the plan generator did (the run's ``qlm`` summary block)."""
+
+    plan_calls: int = 0
+    methods: dict[str, int] = field(default_factory=dict)
+    fallbacks: int = 0
+    solve_s_total: float = 0.0
+    solve_s_max: float = 0.0
+    infeasible_plans: int = 0
+    model_changes: int = 0
+    predicted: list[float] = field(default_factory=list)
+    actual: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "plan_calls": self.plan_calls,
+            "plan_methods": dict(sorted(self.methods.items())),
+            "plan_fallbacks": self.fallbacks,
+            "plan_solve_s_total": self.solve_s_total,
+            "plan_solve_s_max": self.solve_s_max,
+            "plans_predicting_violations": self.infeasible_plans,
+            "model_changes": self.model_changes,
+            "rct_r2": r_squared(self.predicted, self.actual),
+            "rct_samples": len(self.actual),
+        }

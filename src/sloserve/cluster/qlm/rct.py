@@ -1,0 +1,180 @@
+"""QLM's request completion time (RCT) estimator (§6, Equations 1–5 of ``papers/qlm.txt``).
+
+Symbols (Table 1): Θ the instance's token throughput (output tokens/s at a full batch),
+t_d the decode time per output token, ε the inefficiency factor of continuous batching,
+τ_p the prefill time per prompt token. A group's output lengths are Normal(μ, σ).
+
+- **Hardware profiling** (:func:`profile_instance`): "running the model with a single
+  batch of requests on the specific GPU" — here a short simulated batch on a fresh copy of
+  the replica (its own cost model, limits and policy): ``batch`` requests of ``prompt``
+  tokens and ``output`` tokens at t=0. τ_p = the batch's first-token time ÷ its prompt
+  tokens; t_d = the cost model's decode iteration at that batch and mean context; Θ =
+  output tokens ÷ makespan; ε = the mean measured per-token decode time ÷ t_d (≥ 1 when
+  KV pressure preempts requests). Heterogeneous GPUs and models get their own numbers.
+- **Workload profiling** (:class:`OutputLengthModel`): μ, σ per group key, fitted online
+  (Welford) from finished requests, blended with a prior (``prior_mean``, ``prior_std``
+  counted as ``prior_weight`` observations) until enough are seen.
+- **Waiting time** (Eq. 2): work ahead ÷ Θ. Choice: the work of a group is its output
+  tokens ÷ Θ *plus* its prompt tokens × τ_p (the paper counts output tokens only; with
+  mega-prompts, W_C, the prompts dominate). Requests already on the instance count as
+  half a mean output each (their progress is not visible to the planner).
+- **Group completion** (Eq. 1, 4, 5): FCFS inside the group, so the max over its requests
+  is its last request: it waits for the other n−1 (their work), then its prefill (the
+  group's mean prompt × τ_p) and its decode μ·t_d·ε. Means and variances add
+  (independent lengths): Var = (n−1)σ²/Θ² + (σ·t_d·ε)².
+- **Chance constraint**: P(C ≤ deadline) ≥ α is tested with the normal quantile
+  ``mean + z_α·sqrt(var)`` (not sample-average approximation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from sloserve.cluster.qlm.groups import GroupKey, RequestGroup
+from sloserve.core.errors import ConfigError
+from sloserve.core.request import Request
+from sloserve.engine.instance import Instance
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """The RCT constants of one replica (its GPU, model and limits)."""
+
+    prefill_s_per_token: float
+    decode_s_per_token: float
+    throughput_tokens_per_s: float
+    inefficiency: float = 1.0
+
+
+def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) -> HardwareProfile:
+    """Run one batch on ``inst`` (a fresh instance on its own clock) and read the constants
+    off it (module docstring). ``inst`` is consumed."""
+    if batch < 1 or prompt < 1 or output < 2:
+        raise ConfigError(
+            f"profile batch: need batch>=1, prompt>=1, output>=2; got {batch}, {prompt}, {output}"
+        )
+    reqs = [
+        Request(req_id=-(k + 1), arrival=0.0, num_prompt_tokens=prompt, true_output_len=output)
+        for k in range(batch)
+    ]
+    for r in reqs:
+        inst.add_request(r)
+    inst.env.run()
+    done = [r for r in reqs if r.finish_time is not None and r.first_token_time is not None]
+    if not done:
+        raise ConfigError("profile batch: the replica finished none of its profiling batch")
+    first = max(r.first_token_time or 0.0 for r in done)
+    makespan = max(r.finish_time or 0.0 for r in done)
+    t_p = first / (len(done) * prompt)
+    t_d = inst.cost_model.decode_time(len(done), len(done) * (prompt + output // 2))
+    per_token = sum(
+        ((r.finish_time or 0.0) - (r.first_token_time or 0.0)) / (output - 1) for r in done
+    ) / len(done)
+    eff = max(1.0, per_token / t_d) if t_d > 0 else 1.0
+    theta = len(done) * output / makespan if makespan > 0 else math.inf
+    return HardwareProfile(t_p, t_d, theta, eff)
+
+
+PROFILE_BATCH = (32, 512, 256)
+"""The profiling batch: at most this many requests (R_max caps it), prompt and output
+tokens each."""
+
+
+def profile_replica(inst: Instance) -> HardwareProfile:
+    """:func:`profile_instance` with the standard profiling batch (:data:`PROFILE_BATCH`)."""
+    b, p, o = PROFILE_BATCH
+    return profile_instance(inst, batch=min(b, inst.limits.max_running), prompt=p, output=o)
+
+
+class OutputLengthModel:
+    """Normal(μ, σ) of output lengths per group key, online, with a prior."""
+
+    def __init__(self, prior_mean: float, prior_std: float, prior_weight: float) -> None:
+        if not prior_mean > 0 or not prior_std >= 0 or not prior_weight >= 0:
+            raise ConfigError(
+                f"output prior: mean {prior_mean} must be > 0, std {prior_std} and weight "
+                f"{prior_weight} >= 0"
+            )
+        self.prior = (prior_mean, prior_std, prior_weight)
+        self._stats: dict[GroupKey, list[float]] = {}  # [n, mean, M2] (Welford)
+
+    def observe(self, key: GroupKey, n_out: int) -> None:
+        s = self._stats.setdefault(key, [0.0, 0.0, 0.0])
+        s[0] += 1
+        d = n_out - s[1]
+        s[1] += d / s[0]
+        s[2] += d * (n_out - s[1])
+
+    def params(self, key: GroupKey) -> tuple[float, float]:
+        """(μ, σ): the observations pooled with ``prior_weight`` prior observations."""
+        m0, s0, w0 = self.prior
+        n, mean, m2 = self._stats.get(key, (0.0, 0.0, 0.0))
+        tot = n + w0
+        if tot <= 0:
+            return m0, s0
+        mu = (w0 * m0 + n * mean) / tot
+        # pooled second moment around the blended mean
+        ex2 = (w0 * (s0 * s0 + m0 * m0) + m2 + n * mean * mean) / tot
+        return mu, math.sqrt(max(ex2 - mu * mu, 0.0))
+
+
+def z_of(alpha: float) -> float:
+    """The normal quantile of the chance constraint's level α (0 < α < 1)."""
+    if not 0 < alpha < 1:
+        raise ConfigError(f"alpha: must be in (0, 1), got {alpha}")
+    return NormalDist().inv_cdf(alpha)
+
+
+class RCTEstimator:
+    """Completion-time distributions of groups on replicas (module docstring)."""
+
+    def __init__(self, lengths: OutputLengthModel, alpha: float) -> None:
+        self.lengths = lengths
+        self.alpha = alpha
+        self.z = z_of(alpha)
+
+    def work(self, g: RequestGroup, hw: HardwareProfile) -> tuple[float, float]:
+        """(mean, var) seconds of instance time group ``g`` puts ahead of later groups."""
+        mu, sigma = self.lengths.params(g.key)
+        th = hw.throughput_tokens_per_s
+        return (
+            g.size * mu / th + g.prompt_tokens * hw.prefill_s_per_token,
+            g.size * sigma * sigma / (th * th),
+        )
+
+    def in_flight(
+        self, outstanding: int, model_key: GroupKey | None, hw: HardwareProfile
+    ) -> tuple[float, float]:
+        """(mean, var) seconds of the work already on a replica: half a mean output each."""
+        mu, sigma = self.lengths.prior[:2] if model_key is None else self.lengths.params(model_key)
+        th = hw.throughput_tokens_per_s
+        return outstanding * mu / 2 / th, outstanding * (sigma / 2) ** 2 / (th * th)
+
+    def completion(self, g: RequestGroup, hw: HardwareProfile) -> tuple[float, float]:
+        """(mean, var) seconds from the group's start to its last request's end (Eq. 5)."""
+        mu, sigma = self.lengths.params(g.key)
+        th, td = hw.throughput_tokens_per_s, hw.decode_s_per_token * hw.inefficiency
+        n = g.size
+        mean = (n - 1) * mu / th + (g.prompt_tokens / max(n, 1)) * hw.prefill_s_per_token
+        mean += mu * td
+        var = (n - 1) * sigma * sigma / (th * th) + (sigma * td) ** 2
+        return mean, var
+
+    def quantile(self, mean: float, var: float) -> float:
+        """The α-quantile of a Normal(mean, var) completion time."""
+        return mean + self.z * math.sqrt(max(var, 0.0))
+
+
+def r_squared(predicted: list[float], actual: list[float]) -> float | None:
+    """Coefficient of determination of ``predicted`` against ``actual`` (None: < 2 points
+    or no spread)."""
+    if len(actual) < 2:
+        return None
+    mean = sum(actual) / len(actual)
+    ss_tot = sum((a - mean) ** 2 for a in actual)
+    if ss_tot <= 0:
+        return None
+    ss_res = sum((a - p) ** 2 for a, p in zip(actual, predicted, strict=True))
+    return 1.0 - ss_res / ss_tot

@@ -1,0 +1,593 @@
+"""QLM's global part as one object (``papers/qlm.txt`` §3–§7): the router ``qlm`` that is
+also the cluster's controller, and the baselines ``edf`` and ``fcfs`` that share its pull.
+
+Requests live once, in the cluster's global queue. Each arriving request joins a request
+group (``groups.py``); each group has a place in one replica's *virtual queue* (an ordered
+list of group ids). A request leaves the global queue only when its replica has spare
+capacity (the **pull** LSO: ``outstanding < R_max``), so the router answers :class:`Hold`
+otherwise. On every request end (room frees) and every tick the controller side reorders
+the front of the model's global queue to the requests the replicas with room will pull
+next — the heads of their virtual queues, FCFS inside a group — so the cluster's in-order
+pull realises the virtual queues (:class:`ReorderQueue`).
+
+**Plan generator calls** (§4 "Handling new incoming requests"): when a new group forms, the
+RCT estimator (``rct.py``) prices it at the tail of the queue where it completes first; a
+predicted violation (its α-quantile completion past its deadline), a failure or a finished
+group re-plans all groups (``plan.py``), at most once per ``replan_interval_s`` of
+simulated time (a choice: bursts of new groups would otherwise re-plan per arrival).
+
+**Load balancing** is the assignment itself; a dispatched request never migrates.
+**Model changes**: when the head group of a replica's virtual queue is of another model,
+the replica changes model (:class:`ChangeModel`: it finishes what it holds, then loads).
+**Model warm start** (§5): the models of the next groups in its queue, up to
+``cpu_models`` (default 2), are kept in the replica's CPU memory, so a change to one of
+them loads warm (host-to-GPU); any other loads cold from disk (``cluster/models.py``).
+**Eviction and GPU↔CPU swap** happen on the replica, in its ``qlm`` policy
+(``policies/qlm/agent.py``).
+
+Baselines (same pull, no groups or plan): ``edf`` pulls the earliest absolute deadline of
+the model's queue to the least-loaded replica with room; ``fcfs`` pulls in arrival order.
+Their model changes follow the queue's head: an idle replica changes to the model of the
+head request (the paper's EDF that swaps whenever the order says so), and a model no
+replica serves makes the least-loaded replica change.
+
+Live (``sloserve serve --backend emulated --router qlm``): the gateway's cluster binds no
+hooks and runs no controller, so replicas are priced with :data:`NOMINAL_PROFILE`, groups
+form as requests are routed, and pulls follow the cluster's in-order queue (no reorders,
+no model changes).
+
+Ablations (``lsos``, a subset of ``pull,balance,warm-start``): without ``pull`` a request is
+sent to its group's replica at once (it waits there); without ``balance`` groups go to
+their model's replicas in rotation, in deadline order, with no plan; without
+``warm-start`` no model is kept in CPU memory: every model change loads cold.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sloserve.cluster.controller import Action, ChangeModel, Event, ReorderQueue
+from sloserve.cluster.qlm.groups import GroupingConfig, GroupTable, RequestGroup
+from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
+from sloserve.cluster.qlm.plan import (
+    Plan,
+    PlanGroup,
+    PlannerConfig,
+    PlanQueue,
+    generate_plan,
+)
+from sloserve.cluster.qlm.rct import (
+    HardwareProfile,
+    OutputLengthModel,
+    RCTEstimator,
+    z_of,
+)
+from sloserve.cluster.routing import Decision, Hold, Router
+from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
+from sloserve.core.errors import ConfigError
+
+LSOS = frozenset({"pull", "balance", "warm-start"})
+
+NOMINAL_PROFILE = HardwareProfile(8.3e-5, 0.0168, 1470.0, 1.09)
+"""RCT constants without a simulation to profile (the live gateway): the profiling batch's
+numbers for Llama-2-7B on an A100 (``llama-2-7b-a100``)."""
+
+
+class QLMRouter(Router):
+    """``qlm`` (mode ``qlm``) and the pull baselines ``edf`` / ``fcfs`` (module docstring)."""
+
+    reads_progress = False  # request counts, models and status only
+    wants_events = True
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        grouping: GroupingConfig,
+        planner: PlannerConfig,
+        alpha: float,
+        prior: tuple[float, float, float],
+        lsos: frozenset[str],
+        tick_s: float,
+        replan_interval_s: float,
+        cpu_models: int = 2,
+    ) -> None:
+        self.name = mode
+        self.cpu_models = cpu_models
+        self.mode = mode
+        self.tick_s: float | None = tick_s
+        self.table = GroupTable(grouping)
+        self.planner = planner
+        self.rct = RCTEstimator(OutputLengthModel(*prior), alpha)
+        self.lsos = lsos
+        self.replan_interval_s = replan_interval_s
+        self.hooks: QLMHooks | None = None
+        self.stats = QLMStats()
+        self.vq: dict[int, list[int]] = {}
+        """Virtual queues: replica id → group ids, head first."""
+        self._assign: dict[int, int] = {}
+        self._held: dict[int | str, RouteRequest] = {}
+        self._dispatched: dict[int | str, tuple[int, Any]] = {}
+        self._changing: dict[int, str] = {}
+        self._last_plan = -math.inf
+        self._dirty = False
+        self._turn: dict[str, int] = {}
+
+    def bind(self, hooks: QLMHooks) -> None:
+        """Attach the simulation's hooks (before the run starts)."""
+        self.hooks = hooks
+
+    # ------------------------------------------------------------------ helpers
+    def _hw(self, rid: int) -> HardwareProfile:
+        # The hooks cache per profile: a replica that changed model has another one.
+        if self.hooks is None:
+            return NOMINAL_PROFILE
+        return self.hooks.profile(rid)
+
+    @staticmethod
+    def _serves(v: ReplicaView, model: str) -> bool:
+        return model == "default" or v.model == model
+
+    @staticmethod
+    def _has_room(v: ReplicaView) -> bool:
+        return v.status is ReplicaStatus.UP and v.outstanding < max(v.capacity, 1)
+
+    def _live(self, view: ClusterView) -> list[ReplicaView]:
+        return [
+            v
+            for v in view.replicas()
+            if v.status in (ReplicaStatus.UP, ReplicaStatus.LOADING, ReplicaStatus.DRAINING)
+        ]
+
+    def _ready(self, v: ReplicaView) -> tuple[float, float]:
+        return self.rct.in_flight(v.outstanding, None, self._hw(v.replica_id))
+
+    def _deadline(self, r: RouteRequest) -> float:
+        d = r.slo.deadline_s
+        return r.arrival + (d if d is not None else self.table.cfg.default_deadline_s)
+
+    # ------------------------------------------------------------------ arrivals
+    def _see(self, rr: RouteRequest, view: ClusterView) -> None:
+        if rr.req_id in self._held:
+            return
+        prev = self._dispatched.get(rr.req_id)
+        if prev is not None and prev[0] < 0:
+            return  # seen at its arrival event, not dispatched yet
+        if prev is not None:  # dispatched before: back from a failed or requeued replica
+            del self._dispatched[rr.req_id]
+        self._held[rr.req_id] = rr
+        if self.mode != "qlm":
+            return
+        g = self.table.add(rr)
+        if g.group_id in self._assign:
+            return
+        live = self._live(view)
+        if not live:
+            return
+        if "balance" not in self.lsos:
+            cand = [v for v in live if v.model == g.model] or live
+            k = self._turn.get(g.model, -1) + 1
+            self._turn[g.model] = k
+            self._place(g, cand[k % len(cand)].replica_id)
+            return
+        rid, quant, mean = self._best_tail(g, live, view.now)
+        self._place(g, rid, view.replica(rid).model)
+        self._predict(rr, mean)
+        if quant > g.deadline or self._dirty:
+            self._replan(view)
+
+    def _place(self, g: RequestGroup, rid: int, model: str | None = None) -> None:
+        """Insight #3: a new group joins right behind the last group of its model in the
+        queue (or at the head when the replica serves its model and no group of it is
+        queued), so same-model groups stay together and the replica does not thrash;
+        else at the tail. ``model``: the replica's current model."""
+        self._assign[g.group_id] = rid
+        q = self.vq.setdefault(rid, [])
+        at = len(q)
+        for k in range(len(q) - 1, -1, -1):
+            h = self.table.groups.get(q[k])
+            if h is not None and h.model == g.model:
+                at = k + 1
+                break
+        else:
+            if model == g.model:
+                at = 0
+        q.insert(at, g.group_id)
+
+    def _tail(self, v: ReplicaView, now: float) -> tuple[float, float, str]:
+        """(mean, var) seconds until replica ``v``'s virtual queue is done, its last model."""
+        m, var = self._ready(v)
+        hw, model = self._hw(v.replica_id), v.model
+        for gid in self.vq.get(v.replica_id, []):
+            g = self.table.groups.get(gid)
+            if g is None:
+                continue
+            if g.model != model:
+                m += self._swap(v.replica_id, g.model)
+                model = g.model
+            w, wv = self.rct.work(g, hw)
+            m, var = m + w, var + wv
+        return m, var, model
+
+    def _best_tail(
+        self, g: RequestGroup, live: Sequence[ReplicaView], now: float
+    ) -> tuple[int, float, float]:
+        """Where a new group goes: among the replicas that serve (or will serve) its model
+        and meet its deadline at level α, the earliest; when none does, the earliest of
+        all, a model change included (Insight #3: no swap that a deadline does not need).
+        The replicas serving (or changing to) its model now are priced first; the others
+        only when none of those meets the deadline (speed: most groups stop there).
+        Returns (replica, α-quantile completion, mean completion), absolute times."""
+        first = [
+            v for v in live if g.model in (v.model, self._changing.get(v.replica_id), "default")
+        ]
+        if first:
+            q, mean, rid, same = self._earliest(g, first, now)
+            if same[0] < math.inf:
+                return same[2], same[0], same[1]
+        q, mean, rid, same = self._earliest(g, live, now)
+        pick = same if same[0] < math.inf else (q, mean, rid)
+        return pick[2], pick[0], pick[1]
+
+    def _earliest(
+        self, g: RequestGroup, cand: Sequence[ReplicaView], now: float
+    ) -> tuple[float, float, int, tuple[float, float, int]]:
+        """The earliest α-quantile completion of ``g`` at the tail of ``cand``'s queues
+        (quantile, mean, replica) and the earliest among those that keep its model and
+        meet its deadline."""
+        best = (math.inf, math.inf, cand[0].replica_id)
+        best_same = best
+        for v in cand:
+            m, var, model = self._tail(v, now)
+            # a replica changing model serves the new one (its old one is draining)
+            now_model = self._changing.get(v.replica_id, v.model)
+            same = g.model in (model, now_model, "default")
+            if model != g.model:
+                m += self._swap(v.replica_id, g.model)
+            cm, cv = self.rct.completion(g, self._hw(v.replica_id))
+            q = now + self.rct.quantile(m + cm, var + cv)
+            if q < best[0]:
+                best = (q, now + m + cm, v.replica_id)
+            if same and q <= g.deadline and q < best_same[0]:
+                best_same = (q, now + m + cm, v.replica_id)
+        return best[0], best[1], best[2], best_same
+
+    def _swap(self, rid: int, model: str) -> float:
+        """What changing replica ``rid`` to ``model`` costs: the load (warm or cold), plus
+        the drain before it — a change waits for the held requests to finish while the
+        batch shrinks; priced as one request's whole decode, μ·t_d·ε (a choice)."""
+        if model == "default" or self.hooks is None:
+            return 0.0
+        load = self.hooks.swap_s(rid, model)
+        if load <= 0:
+            return 0.0
+        hw = self._hw(rid)
+        mu = self.rct.lengths.prior[0]
+        return load + mu * hw.decode_s_per_token * hw.inefficiency
+
+    def _predict(self, rr: RouteRequest, mean_abs: float) -> None:
+        self._dispatched.setdefault(rr.req_id, (-1, mean_abs))
+
+    # ------------------------------------------------------------------ planning
+    def _replan(self, view: ClusterView) -> None:
+        now = view.now
+        if now - self._last_plan < self.replan_interval_s:
+            self._dirty = True
+            return
+        self._dirty = False
+        self._last_plan = now
+        live = self._live(view)
+        if not live:
+            return
+        z = self.rct.z
+        queues, hws = [], []
+        for v in live:
+            hw = self._hw(v.replica_id)
+            m, var = self._ready(v)
+            swap = max((self._swap(v.replica_id, g.model) for g in self.table), default=0.0)
+            queues.append(PlanQueue(v.replica_id, v.model, m + z * math.sqrt(var), swap))
+            hws.append(hw)
+        pgs = []
+        for g in self.table:
+            work, comp = [], []
+            for hw in hws:
+                w, wv = self.rct.work(g, hw)
+                c, cv = self.rct.completion(g, hw)
+                work.append(w + z * math.sqrt(wv))
+                comp.append(c + z * math.sqrt(cv))
+            pgs.append(PlanGroup(g.group_id, g.model, g.deadline - now, tuple(work), tuple(comp)))
+        plan = generate_plan(pgs, queues, self.planner)
+        self._record(plan)
+        self.vq = {rid: list(gids) for rid, gids in plan.queues.items()}
+        self._assign = {gid: rid for rid, gids in self.vq.items() for gid in gids}
+
+    def _record(self, plan: Plan) -> None:
+        s = self.stats
+        s.plan_calls += 1
+        s.methods[plan.method] = s.methods.get(plan.method, 0) + 1
+        s.fallbacks += plan.method == "edf-fallback"
+        s.infeasible_plans += not plan.feasible
+        s.solve_s_total += plan.solve_s
+        s.solve_s_max = max(s.solve_s_max, plan.solve_s)
+
+    # ------------------------------------------------------------------ routing
+    def route(self, req: RouteRequest, view: ClusterView) -> Decision:
+        self._see(req, view)
+        if self.mode == "qlm":
+            g = self.table.group_of(req.req_id)
+            rid = None if g is None else self._assign.get(g.group_id)
+            if rid is None:
+                return Hold("qlm_unplanned")
+            v = view.replica(rid)
+            if not (v.status is ReplicaStatus.UP and self._serves(v, req.model)):
+                return Hold("qlm_vq")
+            if "pull" in self.lsos and not self._has_room(v):
+                return Hold("qlm_vq")
+            return self._dispatch(req, rid)
+        cand = [v for v in view.serving(req.model) if self._has_room(v)]
+        if not cand:
+            return Hold("no_room")
+        best = min(cand, key=lambda v: (v.outstanding, v.replica_id))
+        return self._dispatch(req, best.replica_id)
+
+    def _dispatch(self, req: RouteRequest, rid: int) -> int:
+        self._held.pop(req.req_id, None)
+        prev = self._dispatched.get(req.req_id)
+        self._dispatched[req.req_id] = (rid, None if prev is None else prev[1])
+        g = self.table.remove(req.req_id)
+        if g is not None and g.group_id not in self.table.groups:
+            self._drop_group(g.group_id)
+        return rid
+
+    def _drop_group(self, gid: int) -> None:
+        rid = self._assign.pop(gid, None)
+        if rid is not None and gid in self.vq.get(rid, []):
+            self.vq[rid].remove(gid)
+
+    # ------------------------------------------------------------------ controller
+    def on_event(self, event: Event, view: ClusterView) -> list[Action]:
+        if event.kind == "arrival" and event.req_id is not None and self.hooks is not None:
+            r = self.hooks.request(event.req_id)
+            if r is not None:
+                self._see(RouteRequest.of(r), view)
+            return []
+        if event.kind == "failure":
+            self._dirty = True
+            if event.replica is not None:
+                for gid in self.vq.pop(event.replica, []):
+                    self._assign.pop(gid, None)
+                    g = self.table.groups.get(gid)
+                    if g is not None:
+                        self._see_again(g, view)
+            return []
+        if event.kind == "finish" and event.req_id is not None:
+            self._finished(event.req_id)
+        return self._actions(view)
+
+    def _see_again(self, g: RequestGroup, view: ClusterView) -> None:
+        live = [v for v in self._live(view) if v.replica_id not in (-1,)]
+        if live:
+            rid, _, _ = self._best_tail(g, live, view.now)
+            self._place(g, rid, view.replica(rid).model)
+
+    def _finished(self, req_id: int | str) -> None:
+        info = self._dispatched.pop(req_id, None)
+        self._held.pop(req_id, None)
+        if info is None or self.hooks is None:
+            return
+        r = self.hooks.request(req_id)
+        if r is None or r.finish_time is None or r.status.name != "FINISHED":
+            return
+        if self.mode == "qlm":
+            self.rct.lengths.observe(self.table.key_of(RouteRequest.of(r)), r.num_output_tokens)
+            if info[1] is not None:
+                self.stats.predicted.append(info[1] - r.arrival)
+                self.stats.actual.append(r.finish_time - r.arrival)
+
+    def on_tick(self, now: float, view: ClusterView, queued: Mapping[str, int]) -> list[Action]:
+        if self.mode == "qlm" and self._dirty:
+            self._replan(view)
+        return self._actions(view)
+
+    def _actions(self, view: ClusterView) -> list[Action]:
+        out: list[Action] = []
+        if self.mode == "qlm":
+            out += self._warm_start(view)
+        elif self.mode != "qlm":
+            out += self._swap_for_head(view)
+        out += self._reorders(view)
+        return out
+
+    def _swap_for_head(self, view: ClusterView) -> list[Action]:
+        """Baselines' model changes (no grouping): an idle replica changes to the model of
+        the head of the global queue (their order); the first held request whose model no
+        replica serves or loads makes the least-loaded UP replica change."""
+        for rid, model in list(self._changing.items()):
+            v = view.replica(rid)
+            if v.model == model and v.status is ReplicaStatus.UP:
+                del self._changing[rid]
+        key = self._deadline if self.mode == "edf" else (lambda r: r.arrival)
+        held = [r for r in self._held.values() if r.model != "default"]
+        if not held:
+            return []
+        up = [
+            v
+            for v in view.replicas()
+            if v.status is ReplicaStatus.UP and v.replica_id not in self._changing
+        ]
+        out: list[Action] = []
+        # An idle replica serves the head of the global queue, changing model when the
+        # head is of another model: the per-instance pull of the paper's baselines, which
+        # swaps whenever the order says so (Insight #3's thrash).
+        head = min(held, key=lambda r: (key(r), r.arrival))
+        for v in up:
+            if v.outstanding == 0 and v.model != head.model:
+                out.append(self._change(v.replica_id, head.model))
+                break
+        covered = {v.model for v in self._live(view)} | set(self._changing.values())
+        waiting = [r for r in held if r.model not in covered]
+        up = [v for v in up if v.replica_id not in self._changing]
+        if waiting and up:  # a model no replica serves: the least-loaded replica changes
+            first = min(waiting, key=lambda r: (key(r), r.arrival))
+            v = min(up, key=lambda v: (v.outstanding, v.replica_id))
+            out.append(self._change(v.replica_id, first.model))
+        return out
+
+    def _change(self, rid: int, model: str) -> ChangeModel:
+        self._changing[rid] = model
+        self.stats.model_changes += 1
+        return ChangeModel(rid, model)
+
+    def _warm_start(self, view: ClusterView) -> list[Action]:
+        """Model changes for heads of another model, and (the warm-start LSO) the models
+        kept in CPU memory: the next ``cpu_models`` models of the queue (§5)."""
+        out: list[Action] = []
+        for rid, gids in self.vq.items():
+            v = view.replica(rid)
+            if self.hooks is not None:
+                warm: list[str] = []
+                if "warm-start" in self.lsos:
+                    for gid in gids:
+                        g = self.table.groups.get(gid)
+                        if g is not None and g.model not in warm and len(warm) < self.cpu_models:
+                            warm.append(g.model)
+                self.hooks.set_warm(rid, set(warm))
+            pending = self._changing.get(rid)
+            if pending is not None and v.model == pending and v.status is ReplicaStatus.UP:
+                del self._changing[rid]
+                pending = None
+            head = next((self.table.groups[g] for g in gids if g in self.table.groups), None)
+            if head is None or head.model in ("default", v.model) or pending == head.model:
+                continue
+            if v.status is not ReplicaStatus.UP or self._keep_model(v, gids, head, view.now):
+                continue
+            self._changing[rid] = head.model
+            self.stats.model_changes += 1
+            out.append(ChangeModel(rid, head.model))
+        return out
+
+    def _keep_model(self, v: ReplicaView, gids: list[int], head: RequestGroup, now: float) -> bool:
+        """Insight #3 before a model change: the groups of the replica's current model in
+        its queue move to the front when the head group still meets its deadline (level
+        α) after them and the change; then the replica keeps its model for now."""
+        rid = v.replica_id
+        same = [
+            g for g in gids if (h := self.table.groups.get(g)) is not None and h.model == v.model
+        ]
+        if not same:
+            return False
+        hw = self._hw(rid)
+        m, var = self._ready(v)
+        for gid in same:
+            w, wv = self.rct.work(self.table.groups[gid], hw)
+            m, var = m + w, var + wv
+        cm, cv = self.rct.completion(head, hw)
+        m += self._swap(rid, head.model) + cm
+        if now + self.rct.quantile(m, var + cv) > head.deadline:
+            return False
+        self.vq[rid] = same + [g for g in gids if g not in set(same)]
+        return True
+
+    def _reorders(self, view: ClusterView) -> list[Action]:
+        """Front of each model's global queue: what the replicas with room pull next."""
+        if not self._held:
+            return []
+        fronts: dict[str, list[tuple[Any, ...]]] = {}
+        if self.mode == "qlm":
+            for rid, gids in self.vq.items():
+                v = view.replica(rid)
+                room = max(v.capacity, 1) - v.outstanding if self._has_room(v) else 0
+                pos = 0
+                for gid in gids:
+                    g = self.table.groups.get(gid)
+                    if g is None or room <= 0:
+                        continue
+                    if not self._serves(v, g.model):
+                        break
+                    for r in g.requests[:room]:
+                        fronts.setdefault(r.model, []).append((pos, rid, r.req_id))
+                        pos += 1
+                    room -= min(room, g.size)
+        else:
+            room = sum(
+                max(v.capacity, 1) - v.outstanding for v in view.replicas() if self._has_room(v)
+            )
+            if room <= 0:
+                return []
+            key = self._deadline if self.mode == "edf" else (lambda r: r.arrival)
+            for r in heapq.nsmallest(room, self._held.values(), key=lambda r: (key(r), r.arrival)):
+                fronts.setdefault(r.model, []).append((len(fronts.get(r.model, [])), 0, r.req_id))
+        return [ReorderQueue(m, tuple(x[2] for x in sorted(f))) for m, f in sorted(fronts.items())]
+
+    def summary(self) -> dict[str, Any]:
+        """The run's ``qlm`` block (plan calls, methods, solve time, fallbacks, RCT R²)."""
+        d = self.stats.as_dict()
+        d["mode"] = self.mode
+        d["lsos"] = sorted(self.lsos)
+        d["alpha"] = self.rct.alpha
+        d["group_size_factor"] = self.table.cfg.group_size_factor
+        return d
+
+
+def _lsos(value: str | Iterable[str]) -> frozenset[str]:
+    items = [s.strip() for s in value.split(",")] if isinstance(value, str) else list(value)
+    items = [s for s in items if s]
+    bad = sorted(set(items) - LSOS)
+    if bad:
+        raise ConfigError(
+            f"router_params.lsos: unknown LSO {bad[0]!r}; valid: {', '.join(sorted(LSOS))}"
+        )
+    return frozenset(items)
+
+
+def make_qlm_router(
+    mode: str,
+    seed: int = 0,
+    *,
+    alpha: float = 0.9,
+    group_size_factor: float = 4.0,
+    avg_batch_size: int = 16,
+    time_limit_s: float = 5.0,
+    node_limit: int = 50,
+    max_milp_vars: int = 80,
+    output_mean: float = 256.0,
+    output_std: float = 128.0,
+    prior_weight: float = 20.0,
+    lsos: str | Iterable[str] = "pull,balance,warm-start",
+    tick_s: float = 1.0,
+    replan_interval_s: float = 1.0,
+    cpu_models: int = 2,
+) -> QLMRouter:
+    """The router (module docstring); every bad parameter is a one-line ConfigError."""
+    try:
+        z_of(alpha)
+    except ConfigError as e:
+        raise ConfigError(f"router_params.{e}") from None
+    if not 0 < tick_s <= 3600 or not 0 <= replan_interval_s <= 3600:
+        raise ConfigError(
+            f"router_params.tick_s: must be in (0, 3600], got {tick_s}"
+            if not 0 < tick_s <= 3600
+            else f"router_params.replan_interval_s: must be in [0, 3600], got {replan_interval_s}"
+        )
+    if not isinstance(cpu_models, int) or cpu_models < 0:
+        raise ConfigError(f"router_params.cpu_models: must be an integer >= 0, got {cpu_models}")
+    try:
+        grouping = GroupingConfig(group_size_factor, avg_batch_size)
+        planner = PlannerConfig(time_limit_s, max_milp_vars, node_limit)
+        OutputLengthModel(output_mean, output_std, prior_weight)
+    except ConfigError as e:
+        raise ConfigError(f"router_params.{e}") from None
+    return QLMRouter(
+        mode,
+        grouping=grouping,
+        planner=planner,
+        alpha=alpha,
+        prior=(output_mean, output_std, prior_weight),
+        lsos=_lsos(lsos),
+        tick_s=tick_s,
+        replan_interval_s=replan_interval_s,
+        cpu_models=cpu_models,
+    )

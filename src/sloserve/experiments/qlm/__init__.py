@@ -1,0 +1,27 @@
+"""QLM's reproduction (``papers/qlm.txt`` §8): :class:`Plan` (what runs),
+:func:`reproduce` (run it, headline numbers beside the paper's), the tables and figures."""
+
+from sloserve.experiments.qlm.figures import group_size_table, plot, system_table
+from sloserve.experiments.qlm.plan import Plan, Run
+from sloserve.experiments.qlm.reproduce import (
+    PAPER,
+    Reproduction,
+    headline,
+    plan_time_curve,
+    reproduce,
+    run_one,
+)
+
+__all__ = [
+    "PAPER",
+    "Plan",
+    "Reproduction",
+    "Run",
+    "group_size_table",
+    "headline",
+    "plan_time_curve",
+    "plot",
+    "reproduce",
+    "run_one",
+    "system_table",
+]

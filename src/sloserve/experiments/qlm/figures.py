@@ -1,0 +1,75 @@
+"""QLM's figures and tables from the reproduction's data: attainment and throughput by
+system (Fig. 10/13), the LSO ablations, the group-size trade-off and the plan-generator
+time curve (§8.3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from sloserve.experiments.qlm.plan import BASELINES
+
+
+def system_table(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean attainment (all, rt, be), throughput and model loads per workload and system."""
+    main = results[results["group_size_factor"] == 4.0]
+    cols = [
+        "attainment",
+        "attainment_rt",
+        "attainment_be",
+        "throughput_tokens_per_s",
+        "model_loads_cold",
+        "model_loads_warm",
+        "preemptions",
+        "plan_calls",
+    ]
+    order = {s: k for k, s in enumerate(["qlm", *BASELINES])}
+    t = main.groupby(["workload", "system"], sort=True)[cols].mean().reset_index()
+    t["_o"] = [order.get(s, 99) for s in t["system"]]
+    return t.sort_values(["workload", "_o", "system"]).drop(columns="_o").reset_index(drop=True)
+
+
+def group_size_table(results: pd.DataFrame) -> pd.DataFrame:
+    """QLM on W_B per group-size factor: attainment, plan calls and solve time."""
+    g = results[(results["workload"] == "W_B") & (results["system"] == "qlm")]
+    return (
+        g.groupby("group_size_factor")[["attainment", "plan_calls", "plan_solve_s"]]
+        .mean()
+        .reset_index()
+    )
+
+
+def plot(results: pd.DataFrame, plan_times: pd.DataFrame, out_dir: Path) -> None:
+    """``attainment.png`` (attainment and throughput by system and workload) and
+    ``plan_time.png`` (solve time vs queue size)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = system_table(results)
+    wls = sorted(set(t["workload"]))
+    fig, axes = plt.subplots(2, len(wls), figsize=(4.2 * len(wls), 5.6), squeeze=False)
+    for j, wl in enumerate(wls):
+        s = t[t["workload"] == wl]
+        for i, (col, label) in enumerate(
+            (("attainment", "deadline attainment"), ("throughput_tokens_per_s", "tokens/s"))
+        ):
+            ax = axes[i][j]
+            ax.bar(range(len(s)), s[col], color=["C0" if x == "qlm" else "C7" for x in s["system"]])
+            ax.set_xticks(range(len(s)), list(s["system"]), rotation=40, ha="right", fontsize=7)
+            ax.set_ylabel(label)
+            if i == 0:
+                ax.set_title(wl)
+    fig.tight_layout()
+    fig.savefig(out_dir / "attainment.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(4.2, 3.0))
+    ax.plot(plan_times["requests"], plan_times["solve_s"], marker="o")
+    ax.set_xscale("log")
+    ax.set_xlabel("queued requests")
+    ax.set_ylabel("plan time (s)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "plan_time.png", dpi=110)
+    plt.close(fig)
