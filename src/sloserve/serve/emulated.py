@@ -99,7 +99,7 @@ from sloserve.serve.backend import (
     ServeError,
     TokenChunk,
 )
-from sloserve.serve.emulated_config import EmulatedConfig
+from sloserve.serve.emulated_config import EmulatedConfig as EmulatedConfig  # re-exported
 from sloserve.serve.emulated_stream import _FILLER_CHUNKS, _Stream, _TokenStream
 from sloserve.serve.schemas import filler_text
 
@@ -290,8 +290,7 @@ class EmulatedBackend(Backend):
                     s.finish = True
                     s.push(ServeError("the request was aborted", status=503, reason="aborted"))
 
-    @staticmethod
-    def _push_tokens(s: _Stream, upto: int, finish: FinishReason | None) -> None:
+    def _push_tokens(self, s: _Stream, upto: int, finish: FinishReason | None) -> None:
         put = s.items.append
         ends = finish is not None and upto > s.sent
         last = upto - 1 if ends else upto
