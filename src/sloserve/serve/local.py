@@ -37,7 +37,9 @@ not after it. Stepping between awaits on the loop instead would delay every othe
 request's bytes by a full iteration each time and hold new connections behind it.
 
 The engine's clock is wall time since :meth:`start` (``time_scale`` 1): an iteration lasts
-what it measured. A request arriving during a step is admitted when the step ends, at the
+its wall time, the forward pass (what the measured-vs-predicted records keep) plus the
+gateway's share (the hand-off, the policy's decision), so each worker step is one
+iteration. A request arriving during a step is admitted when the step ends, at the
 engine's clock then; the engine could not have scheduled it earlier.
 """
 
@@ -74,7 +76,8 @@ from sloserve.serve.local_text import IncrementalDetokenizer, PromptEncoder
 
 class _GatewayExecutor(TorchExecutor):
     """The torch executor, handing the loop the finished iteration's tokens before each
-    forward pass, and not stopping at EOS the requests that asked ``ignore_eos``."""
+    forward pass, ending each iteration at the wall clock's now, and not stopping at EOS
+    the requests that asked ``ignore_eos``."""
 
     def __init__(
         self, backend: LocalBackend, loaded: LoadedModel, cost_model: CostModel, **kw: Any
@@ -84,8 +87,14 @@ class _GatewayExecutor(TorchExecutor):
         self.ignore_eos: set[int] = set()
 
     def run(self, batch: ExecBatch) -> float:
-        self.backend._handoff()
-        return super().run(batch)
+        be = self.backend
+        be._handoff()
+        measured = super().run(batch)  # what the records and the report keep
+        # The engine's clock is the wall's: the iteration ends now, the hand-off and the
+        # policy's decision included. Counting the forward pass alone would let the clock
+        # fall behind the wall a little every iteration, until one worker step ran many
+        # iterations and kept new requests out for all of them.
+        return max(measured, be.sim_now() - be.env.now)
 
     def take_stops(self) -> set[int]:
         return super().take_stops() - self.ignore_eos
