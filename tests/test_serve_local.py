@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -345,36 +341,29 @@ def test_incremental_detokenizer_waits_for_whole_characters(ckpt: Checkpoint) ->
     assert "".join(partial) == tok.decode(ids[:3])  # the last token flushes what is left
 
 
-def test_cli_serves_a_checkpoint(ckpt: Checkpoint) -> None:
-    """``sloserve serve --backend local --model PATH``: a real process streams real text."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sloserve.cli", "serve", "--backend", "local", "--model",
-         str(ckpt.path), "--policy", "andes", "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        texts, out = _stream(f"http://127.0.0.1:{port}/v1", "completions",
+def test_cli_serves_a_checkpoint(
+    ckpt: Checkpoint, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sloserve serve --backend local --model PATH``: the command builds the backend and
+    hands it to uvicorn (caught here, in process: a subprocess would spend most of this
+    test importing PyTorch), which then streams real text through the gateway."""
+    from sloserve.serve.server import GatewayServer
+
+    served: list[Any] = []
+    with monkeypatch.context() as m:
+        m.setattr(GatewayServer, "run", lambda self, *a, **k: served.append(self.config))
+        proc = run_main(m, capsys, "serve", "--backend", "local", "--model", str(ckpt.path),
+                        "--policy", "andes", "--max-queue", "4")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "local tiny-llama on cpu, policy andes, model 'tiny-llama'" in proc.stderr
+    (config,) = served
+    be = config.app.state.backend
+    assert isinstance(be, LocalBackend) and be.config.max_queue == 4
+    with live_server(be) as srv:
+        texts, out = _stream(srv.base_url, "completions",
                              {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 40})  # fmt: skip
-        assert "".join(texts) == ckpt.tok.decode(ckpt.until_eos)
-        assert out["finish_reason"] == "stop"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=30)
-    assert proc.returncode in (0, -signal.SIGTERM), err
-    assert "Traceback" not in err, err
-    assert "local tiny-llama on cpu, policy andes" in err
+    assert "".join(texts) == ckpt.tok.decode(ckpt.until_eos)
+    assert out["finish_reason"] == "stop"
 
 
 @pytest.mark.parametrize(
