@@ -28,7 +28,7 @@ from cli_helpers import assert_user_error, run_main  # noqa: E402
 from serve_helpers import LiveServer, live_server, sse_events  # noqa: E402
 from sloserve.core.request import RequestStatus  # noqa: E402
 from sloserve.engine.execute import LoadedModel, load_model  # noqa: E402
-from sloserve.serve.backend import GenerationRequest  # noqa: E402
+from sloserve.serve.backend import GenerationRequest, ServeError, TokenChunk  # noqa: E402
 from sloserve.serve.emulated_config import EmulatedConfig  # noqa: E402
 from sloserve.serve.local import LocalBackend  # noqa: E402
 from sloserve.serve.local_text import IncrementalDetokenizer, PromptEncoder  # noqa: E402
@@ -292,6 +292,53 @@ def test_tokens_leave_before_the_next_forward_pass(
     assert n == 4 and len(lags) == 4
     assert lags == [0, 0, 0, 0]
     assert worst_gap < 0.2  # each forward pass sleeps 0.3 s
+
+
+def test_engine_error_restarts_the_replica_and_shutdown_ends_streams(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward pass that raises (in the worker thread) ends that replica's streams with
+    a 500 ``engine_error``; a fresh engine then serves the reference's tokens; a shutdown
+    ends a stream still open with ``shutdown`` and frees its KV."""
+    from sloserve.engine.execute import TorchExecutor
+
+    be = LocalBackend(EmulatedConfig(policy="vllm"), tiny)
+    real_run = TorchExecutor.run
+    calls = [0]
+
+    def flaky(self: TorchExecutor, batch: Any) -> float:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("device lost")
+        return real_run(self, batch)
+
+    monkeypatch.setattr(TorchExecutor, "run", flaky)
+
+    async def main() -> None:
+        await be.start()
+        first = be.executor
+        got: list[TokenChunk] = []
+        with pytest.raises(ServeError) as ei:
+            async for c in be.generate(_greq("a b", 10)):
+                got.append(c)
+        assert ei.value.status == 500 and ei.value.reason == "engine_error"
+        assert len(got) == 2 and "device lost" in str(ei.value)
+        text = "".join([c.text async for c in be.generate(_greq("a b", 5))])
+        assert be.executor is not first  # the restarted engine has its own executor
+        assert _ids(text) == reference(tiny, PromptEncoder(None, 256).encode_text("a b"), 5)
+        (inst,) = be.instances()
+        stream = be.generate(_greq("x " * 50, 3000))
+        for _ in range(3):
+            await stream.__anext__()
+        stop = asyncio.create_task(be.stop(drain_timeout_s=0.05))
+        with pytest.raises(ServeError) as ei:
+            async for _c in stream:
+                pass
+        await stop
+        assert ei.value.reason == "shutdown"
+        assert inst.kv.num_used_blocks == 0 and inst.num_live == 0
+
+    asyncio.run(asyncio.wait_for(main(), 30))
 
 
 def test_bad_requests(tiny_server: LiveServer) -> None:
