@@ -41,6 +41,12 @@ SENTENCES = [
     "hello world, hello tokens",
 ]
 PROMPT = "hello world"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('no system messages') }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def train_tokenizer() -> Any:
@@ -70,6 +76,9 @@ def write_checkpoint(path: Path, eos: int | None = None, std: float = 0.3) -> An
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer()
     tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHAT_TEMPLATE, "bos_token": "<s>", "eos_token": {"content": "</s>"}}
+    ))  # fmt: skip
     vocab, h, layers, nq, nkv, inter = tok.get_vocab_size(), 64, 2, 4, 2, 128
     d = h // nq
     cfg: dict[str, Any] = {
@@ -119,6 +128,11 @@ class Checkpoint:
         self.eos = ref[k]
         self.until_eos = ref[: k + 1]
         write_checkpoint(path, eos=self.eos)  # same weights (same seed), now with an EOS
+        self.loaded = load_model(model_path=path)
+
+    def greedy_until_eos(self, prompt_ids: list[int], n: int) -> list[int]:
+        out = reference(self.loaded, prompt_ids, n)
+        return out[: out.index(self.eos) + 1] if self.eos in out else out
 
 
 @pytest.fixture(scope="module")
@@ -370,6 +384,25 @@ def test_checkpoint_detokenised_stream_stops_at_eos(
     assert r["choices"][0]["finish_reason"] == "length"
     assert r["usage"]["completion_tokens"] == 20
     assert r["choices"][0]["text"].startswith(ckpt.tok.decode(ckpt.until_eos))
+
+
+def test_checkpoint_chat_uses_its_template(ckpt_server: LiveServer, ckpt: Checkpoint) -> None:
+    """A chat is rendered by tokenizer_config.json's template (BOS written by it, not
+    added twice); the template's own error is a 400."""
+    assert ckpt.loaded.chat_template == CHAT_TEMPLATE
+    url = f"{ckpt_server.base_url}/chat/completions"
+    msgs = [{"role": "user", "content": "hello tokens"}]
+    ids = ckpt.tok.encode("<s><|user|>hello tokens<|assistant|>", add_special_tokens=False).ids
+    assert ids[0] == ckpt.tok.token_to_id("<s>") and ids[1] != ids[0]
+    want = ckpt.greedy_until_eos(ids, 12)
+    r = httpx.post(url, json={"model": "tiny-llama", "messages": msgs, "max_tokens": 12},
+                   timeout=60).json()  # fmt: skip
+    assert r["usage"]["prompt_tokens"] == len(ids)
+    assert r["usage"]["completion_tokens"] == len(want)
+    assert r["choices"][0]["message"]["content"] == ckpt.tok.decode(want)
+    bad = [{"role": "system", "content": "x"}, *msgs]
+    r2 = httpx.post(url, json={"model": "tiny-llama", "messages": bad}, timeout=60)
+    assert r2.status_code == 400 and "no system messages" in r2.text
 
 
 def test_incremental_detokenizer_waits_for_whole_characters(ckpt: Checkpoint) -> None:

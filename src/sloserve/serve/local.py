@@ -129,7 +129,10 @@ class LocalBackend(EmulatedBackend):
         )
         self.loaded = loaded
         self.temperature = temperature
-        self.encoder = PromptEncoder(loaded.tokenizer, loaded.model.spec.vocab_size)
+        self.encoder = PromptEncoder(
+            loaded.tokenizer, loaded.model.spec.vocab_size, loaded.chat_template,
+            loaded.special_tokens,
+        )  # fmt: skip
         self.executor: _GatewayExecutor | None = None
         """The executor of the replica's current engine (a new one after a restart)."""
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sloserve-engine")

@@ -3,11 +3,14 @@
 :class:`PromptEncoder` turns a validated OpenAI body into the ids the model prefills:
 
 * with the checkpoint's tokenizer (``tokenizer.json``, the ``tokenizers`` package): the
-  prompt text encoded with its special tokens (a Llama tokenizer adds BOS); a chat is
-  rendered by :func:`chat_text` first. A ``tokenizer.json`` carries no chat template, so
-  the rendering is a plain, documented one (``role: content`` lines, then
-  ``assistant:``), the same for every model: a model tuned on another template sees a
-  prompt it was not tuned on, which changes its words, not what the scheduler measures.
+  prompt text encoded with its special tokens (a Llama tokenizer adds BOS). A chat is
+  rendered by the checkpoint's own chat template (``tokenizer_config.json``, Jinja in a
+  sandbox, as ``transformers``' ``apply_chat_template`` renders it: ``messages``,
+  ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception``,
+  ``strftime_now``) and encoded without adding special tokens (the template writes
+  them); a template's error is a 400. Without a template, by :func:`chat_text`: a plain,
+  documented rendering (``role: content`` lines, then ``assistant:``) that changes a tuned
+  model's words, not what the scheduler measures.
 * without a tokenizer (``--model-spec``: random weights have no vocabulary): the words and
   punctuation marks the gateway counts (:data:`~sloserve.serve.schemas.TOKEN_PATTERN`),
   each hashed to an id (BLAKE2b, so every process agrees, unlike ``hash``), after a BOS of
@@ -29,8 +32,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
+from sloserve.core.errors import ConfigError
 from sloserve.serve.backend import Endpoint, ServeError
 from sloserve.serve.schemas import TOKEN_PATTERN
 
@@ -46,9 +51,7 @@ def chat_text(messages: Sequence[dict[str, Any]]) -> str:
     ``assistant:`` to prime the reply (text parts of a list content are joined)."""
     lines = []
     for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        content = _text_content(m)["content"]
         lines.append(f"{m.get('role', 'user')}: {content or ''}\n")
     return "".join(lines) + "assistant:"
 
@@ -58,13 +61,72 @@ def _word_id(word: str, vocab_size: int) -> int:
     return int.from_bytes(digest, "little") % vocab_size
 
 
+def _text_content(m: dict[str, Any]) -> dict[str, Any]:
+    content = m.get("content")
+    if isinstance(content, list):  # text parts (the API refuses other kinds)
+        content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return {**m, "content": content}
+
+
+def _compile_chat_template(source: str) -> Any:
+    try:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ConfigError(
+            "the checkpoint's chat template needs jinja2: pip install 'sloserve[execute]'"
+        ) from None
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        msg = f"tokenizer_config.json: the chat template does not compile: {e}"
+        raise ConfigError(msg) from None
+
+
 class PromptEncoder:
     """A request's prompt as token ids (module docstring); ``tokenizer``: a
-    ``tokenizers.Tokenizer`` or ``None``."""
+    ``tokenizers.Tokenizer`` or ``None``; ``chat_template``: Jinja source, with
+    ``special_tokens`` (``bos_token``, ``eos_token``) for it."""
 
-    def __init__(self, tokenizer: Any | None, vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        vocab_size: int,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
+        self.special_tokens = dict(special_tokens or {})
+        self._chat = _compile_chat_template(chat_template) if chat_template and tokenizer else None
+
+    def chat_ids(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """A chat's prompt ids: the checkpoint's template, else :func:`chat_text`."""
+        tok = self.tokenizer
+        if self._chat is None or tok is None:
+            return self.encode_text(chat_text(messages))
+        from jinja2 import TemplateError
+
+        try:
+            text = self._chat.render(
+                messages=[_text_content(m) for m in messages],
+                add_generation_prompt=True,
+                **self.special_tokens,
+            )
+        except TemplateError as e:
+            raise ServeError(
+                f"the model's chat template refused the messages: {e}",
+                status=400,
+                reason="invalid_prompt",
+            ) from None
+        return list(tok.encode(text, add_special_tokens=False).ids)
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of ``text``: the tokenizer's (special tokens added), else hashed words."""
@@ -77,7 +139,7 @@ class PromptEncoder:
         """The prompt ids of a validated OpenAI ``body``; :class:`ServeError` 400 for an
         empty prompt or an id outside the vocabulary."""
         if endpoint == "chat.completions":
-            ids = self.encode_text(chat_text(body.get("messages") or []))
+            ids = self.chat_ids(body.get("messages") or [])
         else:
             p = body.get("prompt", "")
             if isinstance(p, list) and p and isinstance(p[0], (str, list)):
