@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import threading
 from collections.abc import Sequence
@@ -135,7 +136,13 @@ class LocalBackend(EmulatedBackend):
         )  # fmt: skip
         self.executor: _GatewayExecutor | None = None
         """The executor of the replica's current engine (a new one after a restart)."""
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sloserve-engine")
+        dev = loaded.model.device
+        # a new thread's current CUDA device is 0: the executor's synchronize must wait
+        # for the model's device
+        init = None
+        if dev.type == "cuda" and dev.index is not None:
+            init = functools.partial(loaded.model.torch.cuda.set_device, dev)
+        self._pool = ThreadPoolExecutor(1, "sloserve-engine", initializer=init)
         self._stepping = False
         self._launching = False
         self._closed = False
