@@ -453,6 +453,8 @@ def test_cli_serves_a_checkpoint(
         ([], ["--backend local needs --model"]),
         (["--model-spec", "tiny", "--replicas", "2"], ["--replicas 2"]),
         (["--model-spec", "tiny", "--device", "tpu"], ["--device"]),
+        (["--model-spec", "tiny", "--temperature", "-1"], ["--temperature", "-1"]),
+        (["--model-spec", "tiny", "--time-scale", "5"], ["--time-scale 5"]),
     ],
 )
 def test_cli_bad_input(
