@@ -229,6 +229,24 @@ def test_non_streaming_completion_and_chat(tiny_server: LiveServer, tiny: Loaded
     assert _ids("".join(texts)) == want and out["usage"]["completion_tokens"] == 4
 
 
+def test_metrics_are_the_emulated_backends(tiny_server: LiveServer) -> None:
+    """The gateway's metrics and vLLM's engine metrics, read between the worker's steps."""
+    url = tiny_server.url
+    before = httpx.get(f"{url}/metrics", timeout=30).text
+    assert 'sloserve_replica_running{replica="replica-0"}' in before
+    series = 'vllm:generation_tokens_total{engine="0",model_name="tiny",replica="replica-0"}'
+
+    def generated(text: str) -> float:
+        line = next(ln for ln in text.splitlines() if ln.startswith(series))
+        return float(line.rsplit(" ", 1)[1])
+
+    body = {"model": "tiny", "prompt": "count me", "max_tokens": 7}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+    after = httpx.get(f"{url}/metrics", timeout=30).text
+    assert generated(after) == generated(before) + 7
+    assert 'vllm:time_to_first_token_seconds_count{engine="0"' in after
+
+
 def test_disconnect_aborts_and_frees_kv(tiny_server: LiveServer) -> None:
     be = tiny_server.backend
     assert isinstance(be, LocalBackend)

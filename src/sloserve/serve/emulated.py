@@ -74,6 +74,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -526,6 +527,11 @@ class EmulatedBackend(Backend):
         )
 
     # ---------------------------------------------------------------- introspection
+    def engine_read(self) -> AbstractContextManager[Any]:
+        """A context in which the event loop may read the engines' state (``/metrics``):
+        always, here; the local backend's worker thread must not be mid-step."""
+        return nullcontext()
+
     def instances(self) -> list[Instance]:
         """The engine of every replica that has started (its latest incarnation), in
         replica order (tests and benchmarks read their state)."""

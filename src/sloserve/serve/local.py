@@ -89,8 +89,13 @@ class _GatewayExecutor(TorchExecutor):
 
     def run(self, batch: ExecBatch) -> float:
         be = self.backend
-        be._handoff()
-        measured = super().run(batch)  # what the records and the report keep
+        # An executor changes no engine state: readers (/metrics) may look meanwhile.
+        be._engine_lock.release()
+        try:
+            be._handoff()
+            measured = super().run(batch)  # what the records and the report keep
+        finally:
+            be._engine_lock.acquire()
         # The engine's clock is the wall's: the iteration ends now, the hand-off and the
         # policy's decision included. Counting the forward pass alone would let the clock
         # fall behind the wall a little every iteration, until one worker step ran many
@@ -143,6 +148,9 @@ class LocalBackend(EmulatedBackend):
         if dev.type == "cuda" and dev.index is not None:
             init = functools.partial(loaded.model.torch.cuda.set_device, dev)
         self._pool = ThreadPoolExecutor(1, "sloserve-engine", initializer=init)
+        self._engine_lock = threading.Lock()
+        """Held by the worker while a step changes the engine (not during the hand-off or
+        the forward pass): what :meth:`engine_read` waits for."""
         self._stepping = False
         self._launching = False
         self._closed = False
@@ -211,9 +219,10 @@ class LocalBackend(EmulatedBackend):
         """Worker thread: every event due by ``until`` (an iteration's end, the next
         iteration's schedule and forward pass), then the clock to ``until``."""
         env = self.env
-        while env.peek() <= until:
-            env.step()
-        env.run(until=until)
+        with self._engine_lock:
+            while env.peek() <= until:
+                env.step()
+            env.run(until=until)
 
     def _handoff(self) -> None:
         """Worker thread, before a forward pass: the loop queues the tokens of the
@@ -322,6 +331,9 @@ class LocalBackend(EmulatedBackend):
         s.wake()
 
     # ---------------------------------------------------------------- state
+    def engine_read(self) -> threading.Lock:
+        return self._engine_lock
+
     def _snapshot(self) -> None:
         self._states = list(super().replicas())
         self._queued = super().queue_size
