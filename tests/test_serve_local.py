@@ -31,7 +31,11 @@ from sloserve.engine.execute import LoadedModel, load_model  # noqa: E402
 from sloserve.serve.backend import GenerationRequest, ServeError, TokenChunk  # noqa: E402
 from sloserve.serve.emulated_config import EmulatedConfig  # noqa: E402
 from sloserve.serve.local import LocalBackend  # noqa: E402
-from sloserve.serve.local_text import IncrementalDetokenizer, PromptEncoder  # noqa: E402
+from sloserve.serve.local_text import (  # noqa: E402
+    IncrementalDetokenizer,
+    PromptEncoder,
+    StopMatcher,
+)
 from test_execute_correctness import reference  # noqa: E402
 
 SENTENCES = [
@@ -373,12 +377,49 @@ def test_engine_error_restarts_the_replica_and_shutdown_ends_streams(
     asyncio.run(asyncio.wait_for(main(), 30))
 
 
+def test_stop_string_ends_the_stream_and_frees_the_request(
+    tiny_server: LiveServer, tiny: LoadedModel
+) -> None:
+    """A stop string spanning two tokens: the text before it, ``stop``, the tokens up to
+    the one that completed it; the engine then drops the request."""
+    ids = PromptEncoder(None, 256).encode_text("stop here")
+    ref = reference(tiny, ids, 30)
+    pieces = [f" {t}" for t in ref]
+    full = "".join(pieces)
+    stop = f"{ref[3]} {ref[4]}"
+    at = full.find(stop)
+    n = next(k for k in range(1, 31) if len("".join(pieces[:k])) >= at + len(stop))
+    texts, out = _stream(tiny_server.base_url, "completions",
+                         {"model": "tiny", "prompt": "stop here", "max_tokens": 30,
+                          "stop": ["never", stop]})  # fmt: skip
+    assert "".join(texts) == full[:at] and out["finish_reason"] == "stop"
+    assert out["usage"]["completion_tokens"] == n < 30
+    be = tiny_server.backend
+    assert isinstance(be, LocalBackend)
+    (inst,) = be.instances()
+    deadline = time.monotonic() + 10
+    while inst.num_live and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert inst.num_live == 0 and inst.kv.num_used_blocks == 0
+    assert inst.done[-1].status is RequestStatus.ABORTED
+
+
+def test_stop_matcher_holds_back_a_possible_start() -> None:
+    m = StopMatcher(["234 138", ""])
+    assert [m.feed(" 138"), m.feed(" 234"), m.feed(" 138")] == [
+        (" 138", False), (" ", False), ("", True),
+    ]  # fmt: skip
+    m = StopMatcher(["234"])
+    assert m.feed("x23") == ("x", False)
+    assert m.feed("5", last=True) == ("235", False)  # the stream's end flushes what waited
+
+
 def test_bad_requests(tiny_server: LiveServer) -> None:
     url = f"{tiny_server.base_url}/completions"
     r = httpx.post(url, json={"model": "tiny", "prompt": [5, 256], "max_tokens": 2}, timeout=30)
     assert r.status_code == 400 and "vocabulary" in r.text
-    r = httpx.post(url, json={"model": "tiny", "prompt": "a", "stop": ["x"]}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    r = httpx.post(url, json={"model": "tiny", "prompt": "a", "min_tokens": 2}, timeout=30)
+    assert r.status_code == 200  # no EOS in random weights: nothing to hold back
     r = httpx.post(url, json={"model": "tiny", "prompt": [1] * 4000, "max_tokens": 200},
                    timeout=30)  # fmt: skip
     assert r.status_code == 400 and "context" in r.text

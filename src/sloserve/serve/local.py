@@ -21,7 +21,9 @@ that replica's streams with a 500 and restarting it. What this module adds:
   the tokenizer's count).
 * **Sampling** is the server's: greedy, or ``temperature`` > 0 seeded per request and
   position. A request's own sampling parameters are not applied (as in the emulated
-  backend); ``stop`` strings and ``min_tokens`` (with an EOS) are refused with a 400.
+  backend); ``min_tokens`` (with an EOS) is refused with a 400. ``stop`` strings end a
+  stream with ``stop`` (:class:`~sloserve.serve.local_text.StopMatcher`); the request is
+  then released, which aborts it in the engine and frees its KV.
 
 **Why a worker thread.** A forward pass takes milliseconds to seconds; run on the event
 loop it would stall every other stream and every new connection for that long. So engine
@@ -72,7 +74,7 @@ from sloserve.serve.backend import (
 from sloserve.serve.emulated import EmulatedBackend
 from sloserve.serve.emulated_config import EmulatedConfig
 from sloserve.serve.emulated_stream import _Stream
-from sloserve.serve.local_text import IncrementalDetokenizer, PromptEncoder
+from sloserve.serve.local_text import IncrementalDetokenizer, PromptEncoder, StopMatcher
 
 
 class _GatewayExecutor(TorchExecutor):
@@ -158,6 +160,7 @@ class LocalBackend(EmulatedBackend):
         self._deferred: list[_Stream] = []
         """Streams released while a step ran: their aborts wait for its end."""
         self._detok: dict[int, IncrementalDetokenizer] = {}
+        self._stop: dict[int, StopMatcher] = {}
         self._states: list[ReplicaState] = []
         self._queued = 0
 
@@ -295,6 +298,9 @@ class LocalBackend(EmulatedBackend):
         if req.body.get("ignore_eos"):
             ex.ignore_eos.add(rid)
         self._detok[rid] = IncrementalDetokenizer(self.loaded.tokenizer, ids)
+        stop = req.body.get("stop")
+        if stop:
+            self._stop[rid] = StopMatcher([stop] if isinstance(stop, str) else stop)
         return stream
 
     def release(self, stream: _Stream) -> None:
@@ -309,14 +315,18 @@ class LocalBackend(EmulatedBackend):
         ex = self.executor
         for rid in ended:  # done with their ids and text
             self._detok.pop(rid, None)
+            self._stop.pop(rid, None)
             if ex is not None:
                 ex.forget(rid)
                 ex.ignore_eos.discard(rid)
 
     def _push_tokens(self, s: _Stream, upto: int, finish: FinishReason | None) -> None:
+        if s.finish:  # ended by a stop string: the engine's abort follows its release
+            return
         rid = s.req.req_id
         ids = self._ex().tokens(rid)
         detok = self._detok.get(rid) or IncrementalDetokenizer(None, ())
+        stop = self._stop.get(rid)
         eos = self.loaded.eos_id
         if finish == "length" and eos is not None and upto and ids[upto - 1] == eos:
             finish = "stop"  # EOS as the last allowed token: the model stopped
@@ -324,6 +334,12 @@ class LocalBackend(EmulatedBackend):
         for i in range(s.sent, upto):
             last = finish is not None and i == upto - 1
             text = detok.add(ids[i], last=last)
+            if stop is not None:
+                text, hit = stop.feed(text, last=last)
+                if hit:
+                    put(TokenChunk(text, 1, "stop", s.prompt_tokens))
+                    s.finish = True
+                    break
             put(TokenChunk(text, 1, finish, s.prompt_tokens) if last else TokenChunk(text, 1))
         if finish is not None and upto > s.sent:
             s.finish = True
@@ -356,8 +372,6 @@ class LocalBackend(EmulatedBackend):
 
     def check_params(self, body: dict[str, Any]) -> list[str]:
         bad = []
-        if body.get("stop"):
-            bad.append("stop (the local backend ends at max_tokens or the model's EOS)")
         if body.get("min_tokens") and self.loaded.eos_id is not None:
             bad.append("min_tokens (the local backend does not hold back the model's EOS)")
         return bad

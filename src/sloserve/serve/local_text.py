@@ -26,6 +26,10 @@ vLLM and TGI do: the window starts :data:`DETOKENIZE_CONTEXT` ids into the promp
 while the decoded text ends in U+FFFD (an incomplete UTF-8 character) nothing is emitted
 until the bytes that complete it arrive; a stream's last token flushes what is left.
 Without a tokenizer each id is emitted as text, ``" 123"``.
+
+:class:`StopMatcher` ends a stream at the first of its ``stop`` strings (OpenAI's rule: the
+stop string and what follows are not sent): text that could be the start of a stop string
+is held back until the next token decides.
 """
 
 from __future__ import annotations
@@ -191,3 +195,35 @@ class IncrementalDetokenizer:
         del ids[: self.read]
         self.prefix, self.read = 0, len(ids)
         return new
+
+
+class StopMatcher:
+    """The first of ``stops`` in a stream's text (module docstring)."""
+
+    __slots__ = ("held", "stops")
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [x for x in stops if x]
+        self.held = ""
+        """Text not sent yet: it may begin a stop string."""
+
+    def feed(self, text: str, *, last: bool = False) -> tuple[str, bool]:
+        """The text to send now, and whether a stop string ended the stream."""
+        buf = self.held + text
+        found = [i for i in (buf.find(x) for x in self.stops) if i >= 0]
+        if found:
+            self.held = ""
+            return buf[: min(found)], True
+        if last:
+            self.held = ""
+            return buf, False
+        # the longest end of the text that is the start of a stop string waits: an
+        # occurrence that spans tokens can only begin there
+        keep = 0
+        for x in self.stops:
+            for k in range(min(len(x) - 1, len(buf)), keep, -1):
+                if buf.endswith(x[:k]):
+                    keep = k
+                    break
+        self.held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep], False
