@@ -63,7 +63,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, seconds")
-    ap.add_argument("--requests", type=int, default=24, help="requests per run")
+    ap.add_argument("--requests", type=int, help="requests per run (24; --smoke: 4)")
     ap.add_argument("--max-context", type=int, default=512)
     ap.add_argument("--rates", default="2,8", help="two loads, requests/s")
     ap.add_argument("--warmup-s", type=float, default=20.0, help="GPU warm-up before timing")
@@ -72,7 +72,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     if a.smoke:
         loaded = load_model(model_spec="tiny", device="cpu")
-        n, ctx, rates = 4, 32, [float(r) for r in a.rates.split(",")]
+        n, ctx, rates = a.requests or 4, 32, [float(r) for r in a.rates.split(",")]
         grid: dict[str, Any] = {
             "prefill_chunks": (8, 32),
             "decode_batches": (1, 4),
@@ -82,7 +82,7 @@ def main() -> None:
         }
     else:
         loaded = load_model(model_spec="llama-2-7b", device="cuda", dtype="bfloat16")
-        n, ctx, rates = a.requests, a.max_context, [float(r) for r in a.rates.split(",")]
+        n, ctx, rates = a.requests or 24, a.max_context, [float(r) for r in a.rates.split(",")]
         grid = {
             "prefill_chunks": (32, 128, 512),
             "decode_batches": (1, 4, 8, 16, 32),

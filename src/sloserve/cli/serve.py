@@ -21,6 +21,7 @@ from sloserve.cli._app import (
     err_console,
 )
 from sloserve.cli._cluster import _cluster_config
+from sloserve.cli.execute import DeviceOpt, DtypeOpt, ModelSpecOpt
 from sloserve.config import read_yaml
 from sloserve.core.errors import ConfigError
 
@@ -94,13 +95,28 @@ def _yaml_mapping(path: Path) -> dict[str, Any]:
 @_with_flags(*_SERVE_INSTANCE_FLAGS)
 def serve(
     backend: Annotated[
-        str, typer.Option("--backend", help="emulated (engine replicas) or openai (proxy).")
+        str,
+        typer.Option(
+            "--backend",
+            help="emulated (engine replicas), openai (proxy) or local (a real model here).",
+        ),
     ] = "emulated",
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8000,
     model: Annotated[
-        str, typer.Option("--model", help="Emulated: model name from the catalog.")
-    ] = "llama-2-7b",
+        str | None,
+        typer.Option(
+            "--model",
+            help="Emulated: model name from the catalog (llama-2-7b); local: a Llama "
+            "checkpoint directory.",
+        ),
+    ] = None,
+    model_spec: ModelSpecOpt = None,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = None,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Local: sampling temperature (0: greedy).")
+    ] = 0.0,
     gpu: Annotated[str, typer.Option("--gpu", help="Emulated: GPU name from the catalog.")] = (
         "a100-80gb"
     ),
@@ -292,14 +308,26 @@ def serve(
         )  # fmt: skip
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None
-    if backend == "emulated" and workers > 1:
+    if backend in ("emulated", "local") and workers > 1:
         raise ConfigError(
-            f"--workers {workers} needs --backend openai: the emulated backend's engines live "
+            f"--workers {workers} needs --backend openai: the {backend} backend's engines live "
             "in one process (run it with --workers 1)"
         )
-    if backend == "emulated":
+    if backend != "local" and model_spec is not None:
+        raise ConfigError("--model-spec is for --backend local")
+    if backend == "local":
+        be = _local_backend(
+            config, flags, model, model_spec, device, dtype, temperature, gpu, replicas,
+            policy, time_scale, output_length, served_model_name, max_queue, seed or 0,
+            admission,
+        )  # fmt: skip
+        what = (
+            f"local {be.loaded.name} on {be.loaded.model.device}, policy {be.config.policy}, "
+            f"model {be.model_name!r}"
+        )
+    elif backend == "emulated":
         be = _emulated_backend(
-            config, flags, model, gpu, replicas, policy, router, time_scale,
+            config, flags, model or "llama-2-7b", gpu, replicas, policy, router, time_scale,
             output_length, served_model_name, max_queue, seed or 0, admission,
         )  # fmt: skip
         ccfg = be.cluster_config
@@ -323,7 +351,7 @@ def serve(
         be = _upstream_backend(upstream or [], config, served_model_name, given)
         what = f"upstreams {', '.join(be.config.upstreams)}, router {be.config.router}"
     else:
-        raise ConfigError(f"unknown --backend {backend!r}; choose emulated or openai")
+        raise ConfigError(f"unknown --backend {backend!r}; choose emulated, openai or local")
     if not 0 < port < 65536:
         raise ConfigError(f"--port must be 1..65535, got {port}")
 
@@ -395,3 +423,51 @@ def _emulated_backend(
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None
     return EmulatedBackend(cfg)
+
+
+def _local_backend(
+    config: Path | None, flags: dict[str, Any], model: str | None, model_spec: str | None,
+    device: str, dtype: str | None, temperature: float, gpu: str, replicas: int | None,
+    policy: str | None, time_scale: float, output_length: str | None,
+    served_model_name: str | None, max_queue: int | None, seed: int, admission: str | None,
+) -> Any:  # fmt: skip
+    """The local backend: the model (``--model PATH`` or ``--model-spec``) behind one
+    replica of ``--policy``. The profile (``--profile``, else the spec's catalog model, else
+    llama-2-7b, on ``--gpu``) gives the policy its cost model. Options are checked before
+    the weights load."""
+    from pydantic import ValidationError
+
+    from sloserve.cli.execute import load
+    from sloserve.config import validation_message
+    from sloserve.costmodel.profile import load_profile
+    from sloserve.serve.emulated_config import EmulatedConfig
+    from sloserve.serve.local import LocalBackend
+
+    if model is None and model_spec is None:
+        raise ConfigError("--backend local needs --model PATH (a checkpoint) or --model-spec NAME")
+    if replicas not in (None, 1):
+        raise ConfigError(f"--replicas {replicas}: the local backend runs one replica")
+    if time_scale != 1.0:
+        raise ConfigError(f"--time-scale {time_scale}: the local backend runs in real time")
+    if output_length is not None:
+        raise ConfigError("--output-length: the local model ends its outputs (EOS, max_tokens)")
+    if not 0 <= temperature <= 100:  # before the weights load (minutes for a large model)
+        raise ConfigError(f"--temperature must be in [0, 100], got {temperature}")
+    if flags.get("profile") is None:
+        catalog = model_spec if model_spec not in (None, "tiny") else "llama-2-7b"
+        flags = {**flags, "profile": f"{catalog}@{gpu}"}
+    sim, _policies = _build_config({}, config, flags)
+    load_profile(sim.instance.profile)  # an unknown model or GPU fails here, with the list
+    try:
+        cfg = EmulatedConfig(
+            instance=sim.instance,
+            policy=policy or sim.policy,
+            policy_params=sim.policy_params,
+            seed=seed,
+            max_queue=max_queue,
+            served_model_name=served_model_name,
+            admission=admission or "queue",
+        )
+    except ValidationError as e:
+        raise ConfigError(validation_message(e, "serve options")) from None
+    return LocalBackend(cfg, load(model_spec, model, device, dtype), temperature=temperature)

@@ -74,25 +74,23 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Literal
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloserve.cluster.cluster import Cluster, ConservationError
-from sloserve.cluster.config import ClusterConfig, ReplicaGroup
 from sloserve.cluster.replica import Replica, ReplicaSpec
 from sloserve.cluster.routing import Router, make_router
 from sloserve.cluster.view import ReplicaStatus, ReplicaView, RouteRequest
-from sloserve.core.bounds import Seed
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request, RequestClass, RequestStatus
 from sloserve.costmodel.profile import load_profile
 from sloserve.engine.env import Environment
 from sloserve.engine.instance import Instance
 from sloserve.experiments.cluster_run import group_configs
-from sloserve.experiments.runner import InstanceConfig, SimConfig, build_instance
+from sloserve.experiments.runner import SimConfig, build_instance
 from sloserve.policies.registry import make_policy
 from sloserve.serve.backend import (
     Backend,
@@ -102,73 +100,11 @@ from sloserve.serve.backend import (
     ServeError,
     TokenChunk,
 )
+from sloserve.serve.emulated_config import EmulatedConfig as EmulatedConfig  # re-exported
 from sloserve.serve.emulated_stream import _FILLER_CHUNKS, _Stream, _TokenStream
 from sloserve.serve.schemas import filler_text
-from sloserve.workloads.lengths import LengthDist
 
 log = logging.getLogger("sloserve.serve")
-
-
-class EmulatedConfig(BaseModel):
-    """The emulated backend: a cluster of engine replicas (``replicas`` identical ones of
-    ``instance`` and ``policy`` behind ``router``, or the groups of ``cluster``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    instance: InstanceConfig = Field(
-        default_factory=InstanceConfig,
-        description="profile and limits of each replica (multi_step is always off live)",
-    )
-    policy: str = Field(default="vllm", description="per-instance policy (sloserve policies)")
-    policy_params: dict[str, Any] = Field(default_factory=dict)
-    replicas: int = Field(default=1, ge=1, le=64)
-    router: str = Field(default="least-loaded", description="see sloserve.cluster.routing")
-    router_params: dict[str, Any] = Field(default_factory=dict)
-    cluster: ClusterConfig | None = Field(
-        default=None,
-        description="replica groups, router, failures and drains (a YAML cluster: section); "
-        "its groups' unset fields take instance/policy; excludes replicas/router",
-    )
-    time_scale: float = Field(
-        default=1.0, gt=0, le=1000, description="simulated seconds per wall second"
-    )
-    output_length: LengthDist | None = Field(
-        default=None, description="output-length distribution (else max_tokens)"
-    )
-    seed: Seed = 0
-    max_queue: int | None = Field(
-        default=None, ge=1, description="waiting requests per replica before 429"
-    )
-    retry_after_s: float = Field(default=1.0, gt=0, description="Retry-After on a full queue")
-    admission: Literal["none", "queue", "slo"] = Field(
-        default="queue",
-        description="'none' never answers 429; 'queue' when max_queue is reached; 'slo' also "
-        "to a real-time request whose TTFT target or deadline can no longer be met",
-    )
-    served_model_name: str | None = Field(
-        default=None, description="the model name clients use (default: the profile's model)"
-    )
-
-    @model_validator(mode="after")
-    def _admission(self) -> EmulatedConfig:
-        if self.admission == "none" and self.max_queue is not None:
-            raise ValueError("max_queue needs admission 'queue' or 'slo', not 'none'")
-        both = {"replicas", "router", "router_params"} & self.model_fields_set
-        if self.cluster is not None and both:
-            raise ValueError(
-                f"{', '.join(sorted(both))} and cluster both given: set them in cluster"
-            )
-        return self
-
-    def cluster_config(self) -> ClusterConfig:
-        """The cluster the backend runs: ``cluster``, or ``replicas`` behind ``router``."""
-        if self.cluster is not None:
-            return self.cluster
-        return ClusterConfig(
-            replicas=[ReplicaGroup(count=self.replicas)],
-            router=self.router,
-            router_params=self.router_params,
-        )
 
 
 def _culprit(e: BaseException, replicas: Sequence[Replica]) -> Replica | None:
@@ -355,8 +291,7 @@ class EmulatedBackend(Backend):
                     s.finish = True
                     s.push(ServeError("the request was aborted", status=503, reason="aborted"))
 
-    @staticmethod
-    def _push_tokens(s: _Stream, upto: int, finish: FinishReason | None) -> None:
+    def _push_tokens(self, s: _Stream, upto: int, finish: FinishReason | None) -> None:
         put = s.items.append
         ends = finish is not None and upto > s.sent
         last = upto - 1 if ends else upto
@@ -375,15 +310,7 @@ class EmulatedBackend(Backend):
             raise ConfigError("the emulated backend is already started")
         self._loop = asyncio.get_running_loop()
         self.t0 = self._loop.time()
-        env = self.env
-        gcfgs = self._group_cfgs
-
-        def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
-            return build_instance(
-                gcfgs[spec.group], env, check_invariants=False, instance_id=instance_id
-            )
-
-        clu = Cluster(env, self.specs, make_instance, self.router)
+        clu = Cluster(self.env, self.specs, self._make_instance, self.router)
         clu.on_done = self._ended.append
         for f in self.cluster_config.failures:
             clu.schedule_failure(f.replica, f.at_s, f.recover_s)
@@ -392,11 +319,21 @@ class EmulatedBackend(Backend):
         self._cluster = clu
         self._arm()
 
+    def _make_instance(self, spec: ReplicaSpec, instance_id: int) -> Instance:
+        """A replica's engine (the cluster calls this at a join and at a recovery)."""
+        gcfg = self._group_cfgs[spec.group]
+        return build_instance(gcfg, self.env, check_invariants=False, instance_id=instance_id)
+
+    async def _quiesce(self) -> None:
+        """Before :meth:`stop` ends the streams left: nothing to wait for here (the
+        local backend waits for its forward pass in flight)."""
+
     async def stop(self, drain_timeout_s: float = 30.0) -> None:
         self.stopping = True
         deadline = time.monotonic() + drain_timeout_s
         while self._streams and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        await self._quiesce()
         for s in list(self._streams.values()):
             if not s.finish:
                 s.finish = True
@@ -477,6 +414,11 @@ class EmulatedBackend(Backend):
 
     def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
         return _TokenStream(self, req)
+
+    async def admit(self, req: GenerationRequest) -> _Stream:
+        """Admit ``req`` (the stream's first ``__anext__``); a coroutine so that a
+        backend may wait for its engine first (the local backend's forward pass)."""
+        return self._admit(req)
 
     def _admit(self, req: GenerationRequest) -> _Stream:
         """Admit ``req`` (or raise :class:`ServeError`) and hand it to the cluster now."""
@@ -585,6 +527,11 @@ class EmulatedBackend(Backend):
         )
 
     # ---------------------------------------------------------------- introspection
+    def engine_read(self) -> AbstractContextManager[Any]:
+        """A context in which the event loop may read the engines' state (``/metrics``):
+        always, here; the local backend's worker thread must not be mid-step."""
+        return nullcontext()
+
     def instances(self) -> list[Instance]:
         """The engine of every replica that has started (its latest incarnation), in
         replica order (tests and benchmarks read their state)."""

@@ -79,7 +79,7 @@ class _TokenStream:
         if s is None:
             if self._closed:
                 raise StopAsyncIteration
-            s = self._backend._admit(self._req)
+            s = await self._backend.admit(self._req)
             self._stream = s
         items = s.items
         try:

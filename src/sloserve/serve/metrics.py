@@ -219,7 +219,7 @@ class GatewayMetrics:
         self._replicas = _ReplicaCollector(backend)
         reg.register(self._replicas)
         self._engines: Collector | None = None
-        if backend.name == "emulated":  # by name: importing the emulated backend is heavy
+        if backend.name in ("emulated", "local"):  # by name: importing them is heavy
             from sloserve.serve.vllm_metrics import VllmEngineCollector
 
             self._engines = VllmEngineCollector(backend)  # type: ignore[arg-type]

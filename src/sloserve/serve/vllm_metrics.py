@@ -1,4 +1,5 @@
-"""vLLM's Prometheus metrics, exported by the emulated backend's replicas.
+"""vLLM's Prometheus metrics, exported by the emulated backend's replicas (and the local
+backend's one replica, read between its worker thread's steps).
 
 An llm-d endpoint picker, a Dynamo planner or a Grafana board built for vLLM reads these
 names as it reads a vLLM engine's ``/metrics``; sloserve's own ``openai`` backend parses
@@ -172,21 +173,22 @@ class VllmEngineCollector(Collector):
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.", labels=_LABELS,
         )  # fmt: skip
-        if clu is not None:
-            for rep in clu.replicas:
-                rid = rep.replica_id
-                v = clu.view.replica(rid)
-                labels = [v.model, str(rid), v.name]
-                eng = self._engines.setdefault(rid, _Engine())
-                self._ingest(eng, rep.incarnations)
-                g_run.add_metric(labels, float(v.running))
-                g_wait.add_metric(labels, float(v.waiting + v.swapped))
-                g_kv.add_metric(labels, float(v.kv_usage))
-                c_pre.add_metric(labels, float(rep.preemptions()))
-                c_prompt.add_metric(labels, float(eng.prompt_tokens))
-                c_gen.add_metric(labels, float(eng.gen_tokens))
-                h_ttft.add_metric(labels, eng.ttft.buckets(), eng.ttft.total)
-                h_itl.add_metric(labels, eng.itl.buckets(), eng.itl.total)
-                h_tpot.add_metric(labels, eng.itl.buckets(), eng.itl.total)
-                h_e2e.add_metric(labels, eng.e2e.buckets(), eng.e2e.total)
+        with be.engine_read():  # the local backend's worker is not mid-step meanwhile
+            if clu is not None:
+                for rep in clu.replicas:
+                    rid = rep.replica_id
+                    v = clu.view.replica(rid)
+                    labels = [v.model, str(rid), v.name]
+                    eng = self._engines.setdefault(rid, _Engine())
+                    self._ingest(eng, rep.incarnations)
+                    g_run.add_metric(labels, float(v.running))
+                    g_wait.add_metric(labels, float(v.waiting + v.swapped))
+                    g_kv.add_metric(labels, float(v.kv_usage))
+                    c_pre.add_metric(labels, float(rep.preemptions()))
+                    c_prompt.add_metric(labels, float(eng.prompt_tokens))
+                    c_gen.add_metric(labels, float(eng.gen_tokens))
+                    h_ttft.add_metric(labels, eng.ttft.buckets(), eng.ttft.total)
+                    h_itl.add_metric(labels, eng.itl.buckets(), eng.itl.total)
+                    h_tpot.add_metric(labels, eng.itl.buckets(), eng.itl.total)
+                    h_e2e.add_metric(labels, eng.e2e.buckets(), eng.e2e.total)
         yield from (g_run, g_wait, g_kv, c_pre, c_prompt, c_gen, h_ttft, h_itl, h_tpot, h_e2e)

@@ -5,7 +5,8 @@
 * a catalog name (``sloserve models``): that model's shape with random weights, for timing.
 * a directory: a Hugging Face Llama-family checkpoint read from disk only: ``config.json``
   (``model_type`` ``llama``; RoPE scaling unsupported), ``*.safetensors`` (``safetensors``)
-  and, if present, ``tokenizer.json`` (``tokenizers``). Its ``eos_token_id`` ends requests.
+  and, if present, ``tokenizer.json`` (``tokenizers``) and the chat template, BOS and EOS
+  strings of ``tokenizer_config.json``. Its ``eos_token_id`` ends requests.
 
 Checks that make bad input one clear error (:class:`~sloserve.core.errors.ConfigError`):
 a missing directory, a non-Llama config, CUDA requested without CUDA, and weights larger
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,10 @@ class LoadedModel:
     tokenizer: Any | None = None
     """A ``tokenizers.Tokenizer`` when the checkpoint ships ``tokenizer.json``."""
     eos_id: int | None = None
+    chat_template: str | None = None
+    """The checkpoint's Jinja chat template (``tokenizer_config.json``), if it has one."""
+    special_tokens: dict[str, str] = field(default_factory=dict)
+    """``bos_token`` and ``eos_token`` as text, for the chat template."""
 
 
 def resolve_device(device: str) -> Any:
@@ -231,4 +236,28 @@ def _load_checkpoint(path: Path, dev: Any, dtype: str) -> LoadedModel:
                 "a checkpoint tokenizer needs tokenizers: pip install 'sloserve[execute]'"
             ) from None
         tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
-    return LoadedModel(model, path.name, tok, eos_id)
+    template, special = _tokenizer_config(path)
+    return LoadedModel(model, path.name, tok, eos_id, template, special)
+
+
+def _tokenizer_config(path: Path) -> tuple[str | None, dict[str, str]]:
+    """The chat template (the ``default`` one of a list) and the BOS/EOS strings of
+    ``tokenizer_config.json``; none when the file is absent."""
+    f = path / "tokenizer_config.json"
+    if not f.is_file():
+        return None, {}
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--model {path}: unreadable tokenizer_config.json ({e})") from None
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    special: dict[str, str] = {}
+    for key in ("bos_token", "eos_token"):
+        v = cfg.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            special[key] = v
+    return (template if isinstance(template, str) else None), special
