@@ -175,6 +175,54 @@ def test_queue_full_before_any_token() -> None:
     run(main())
 
 
+def test_sheddable_requests_make_room_when_the_queue_is_full() -> None:
+    """Issue 20, item 4, on the emulated backend: with the queue full a sheddable arrival
+    is refused (429 ``shed``); a non-sheddable one takes the place of the least important
+    sheddable request that has not started, which ends with 429 ``shed`` and leaves the
+    cluster (no KV, never served); with no sheddable waiter it is ``queue_full``."""
+
+    async def main() -> None:
+        icfg = CONST.model_copy(update={"max_running": 1})
+        be = emulated(instance=icfg, time_scale=1.0, max_queue=2, retry_after_s=1.0)
+        await be.start()
+        first = cast(AsyncGenerator[TokenChunk, None], be.generate(greq(max_tokens=200)))
+        await first.__anext__()  # running: R_max = 1, the rest waits
+        shed_a = asyncio.ensure_future(collect(be, greq(max_tokens=3, sheddable=True)))
+        await asyncio.sleep(0.005)
+        shed_b = asyncio.ensure_future(
+            collect(be, greq(max_tokens=3, sheddable=True, priority=1))  # less important
+        )
+        await asyncio.sleep(0.005)
+        assert be.replicas()[0].waiting == 2  # the queue is full
+        with pytest.raises(ServeError) as e:  # a sheddable arrival: refused
+            await collect(be, greq(sheddable=True))
+        assert (e.value.status, e.value.reason) == (429, "shed")
+        vip = asyncio.ensure_future(collect(be, greq(max_tokens=3)))
+        await asyncio.sleep(0.005)
+        with pytest.raises(ServeError) as e:  # the least important waiter made room
+            await shed_b
+        assert (e.value.status, e.value.reason, e.value.retry_after_s) == (429, "shed", 1.0)
+        assert not shed_a.done() and be.replicas()[0].waiting == 2
+        gone = [r for r in be.instances()[0].done if r.status is RequestStatus.ABORTED]
+        assert len(gone) == 1 and gone[0].num_computed_tokens == 0
+        assert be.cluster.abort_reasons[gone[0].req_id] == "shed"
+        # The next important arrival displaces the other sheddable waiter...
+        vip2 = asyncio.ensure_future(collect(be, greq(max_tokens=3)))
+        await asyncio.sleep(0.005)
+        with pytest.raises(ServeError) as e:
+            await shed_a
+        assert e.value.reason == "shed"
+        # ...and with only important work waiting, nothing is displaced: queue_full.
+        with pytest.raises(ServeError) as e:
+            await collect(be, greq())
+        assert (e.value.status, e.value.reason) == (429, "queue_full")
+        await first.aclose()
+        assert len(await vip) == 3 and len(await vip2) == 3
+        await be.stop(0)
+
+    run(main())
+
+
 def test_sim_and_live_agree() -> None:
     """The same requests and policy through ``simulate`` and through the live gateway
     (sent at their arrival times): mean TTFT and TPOT within 10%."""

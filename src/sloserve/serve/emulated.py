@@ -38,15 +38,10 @@ Choices (parameters of :class:`EmulatedConfig`):
   ``length``.
 * Admission comes before routing (the cluster's order: admission, then the router), over
   the replicas that are up and serve the request's model: none → 503 ``no_backend``.
-  ``max_queue`` caps waiting requests per replica: 429 ``queue_full`` (``Retry-After``:
-  ``retry_after_s``) when every such replica already has ``max_queue`` waiting, or the
-  global queue already holds ``max_queue`` requests of that model. With
-  ``admission="slo"`` a real-time request is also refused (429 ``deadline``) when a lower
-  bound of its latency misses its target at every such replica: TTFT ≥ the cost model's
-  prefill time of the prompt tokens queued there plus its own; end-to-end ≥ that plus one
-  decode step per output token at the current batch size and context. A lower bound, so a
-  refused request could not have been served in time; best-effort requests are never
-  refused for SLOs.
+  ``max_queue`` caps waiting requests (429 ``queue_full``, or ``shed`` for sheddable
+  requests, which a more important arrival displaces) and ``admission="slo"`` refuses a
+  real-time request that cannot meet its target (429 ``deadline``): see
+  :mod:`~sloserve.serve.emulated_admission`.
 * A client disconnect aborts the request (:meth:`Cluster.abort`: out of the global queue,
   or on its replica at once when it is queued, at the end of the in-flight iteration when
   it is in it), freeing its KV cache.
@@ -83,7 +78,7 @@ from numpy.typing import NDArray
 from sloserve.cluster.cluster import Cluster, ConservationError
 from sloserve.cluster.replica import Replica, ReplicaSpec
 from sloserve.cluster.routing import Router, make_router
-from sloserve.cluster.view import ReplicaStatus, ReplicaView, RouteRequest
+from sloserve.cluster.view import ReplicaStatus, RouteRequest
 from sloserve.core.errors import ConfigError
 from sloserve.core.request import Request, RequestClass, RequestStatus
 from sloserve.costmodel.profile import load_profile
@@ -100,6 +95,7 @@ from sloserve.serve.backend import (
     ServeError,
     TokenChunk,
 )
+from sloserve.serve.emulated_admission import EmulatedAdmission
 from sloserve.serve.emulated_config import EmulatedConfig as EmulatedConfig  # re-exported
 from sloserve.serve.emulated_stream import _FILLER_CHUNKS, _Stream, _TokenStream
 from sloserve.serve.schemas import filler_text
@@ -120,7 +116,7 @@ def _culprit(e: BaseException, replicas: Sequence[Replica]) -> Replica | None:
     return None
 
 
-class EmulatedBackend(Backend):
+class EmulatedBackend(EmulatedAdmission, Backend):
     """A simulated cluster behind the gateway, in wall time (see the module docstring)."""
 
     name = "emulated"
@@ -360,58 +356,6 @@ class EmulatedBackend(Backend):
         floor = req.body.get("min_tokens") or 0
         return max(1, min(cap, max(n, int(floor))))
 
-    def _refuse(self, message: str, reason: str) -> ServeError:
-        return ServeError(
-            message, status=429, reason=reason, retry_after_s=self.config.retry_after_s
-        )
-
-    def _admit_queue(self, up: Sequence[ReplicaView], req: GenerationRequest) -> None:
-        mq = self.config.max_queue
-        if mq is None:
-            return
-        held = len(self.cluster.queue.get(req.model, ()))
-        if held >= mq:
-            raise self._refuse(f"queue full: {held} requests of {req.model!r} held", "queue_full")
-        if all(v.waiting >= mq for v in up):
-            least = min(up, key=lambda v: v.waiting)
-            raise self._refuse(
-                f"queue full: {least.waiting} requests waiting at {least.name} (the least)",
-                "queue_full",
-            )
-
-    def _admit_slo(self, up: Sequence[ReplicaView], req: GenerationRequest, out_len: int) -> None:
-        """Raise 429 ``deadline`` when a lower bound of the request's latency misses its
-        TTFT target or deadline at every replica (wall seconds, from the gateway's arrival)."""
-        slo = req.slo
-        if slo.ttft_s is None and slo.deadline_s is None:
-            return
-        waited = time.monotonic() - req.arrival
-        best_ttft = best_e2e = (math.inf, "")
-        for v in up:
-            inst = self.cluster.replicas[v.replica_id].instance
-            assert inst is not None
-            cm = inst.cost_model
-            queued = sum(r.remaining_compute for r in inst.waiting)
-            ttft = cm.prefill_time(queued + req.prompt_tokens) / self.scale
-            best_ttft = min(best_ttft, (ttft, v.name))
-            if slo.deadline_s is not None:
-                batch = len(inst.running) + 1
-                ctx = sum(r.num_computed_tokens for r in inst.running) + req.prompt_tokens
-                e2e = ttft + (out_len - 1) * cm.decode_time(batch, ctx) / self.scale
-                best_e2e = min(best_e2e, (e2e, v.name))
-        missed = ""
-        if slo.ttft_s is not None and waited + best_ttft[0] > slo.ttft_s:
-            missed = f"TTFT target {slo.ttft_s * 1e3:.0f} ms (at least {best_ttft[0] * 1e3:.0f} ms"
-            where = best_ttft[1]
-        elif slo.deadline_s is not None and waited + best_e2e[0] > slo.deadline_s:
-            missed = f"deadline {slo.deadline_s:.3f} s (at least {best_e2e[0]:.3f} s"
-            where = best_e2e[1]
-        if missed:
-            raise self._refuse(
-                f"the request's {missed} at {where}, the best replica) can no longer be met",
-                "deadline",
-            )
-
     def generate(self, req: GenerationRequest) -> AsyncIterator[TokenChunk]:
         return _TokenStream(self, req)
 
@@ -436,7 +380,7 @@ class EmulatedBackend(Backend):
                 reason="no_backend",
                 retry_after_s=self.config.retry_after_s,
             )
-        self._admit_queue(up, req)
+        victim = self._admit_queue(up, req)
         out_len = self._output_len(req)
         if self.config.admission == "slo" and req.request_class is RequestClass.RT:
             self._admit_slo(up, req, out_len)
@@ -452,7 +396,7 @@ class EmulatedBackend(Backend):
             qoe=req.qoe,
             max_tokens=req.max_tokens,
         )
-        stream = _Stream(r, req.request_id, req.max_tokens, req.prompt_tokens)
+        stream = _Stream(r, req.request_id, req.max_tokens, req.prompt_tokens, req.sheddable)
         self._streams[r.req_id] = stream
         try:
             clu.add_request(r)  # routed now, or held in the global queue
@@ -462,6 +406,8 @@ class EmulatedBackend(Backend):
             raise ServeError(
                 f"router error: {type(e).__name__}: {e}", status=500, reason="router_error"
             ) from None
+        if victim is not None:  # admitted: it takes the place of a sheddable waiter
+            self._shed(victim)
         self.kick()
         return stream
 

@@ -28,11 +28,21 @@ class _Stream:
     A deque and one future rather than an ``asyncio.Queue``: this is the per-token path."""
 
     __slots__ = (
-        "finish", "items", "max_tokens", "prompt_tokens", "req", "request_id", "sent", "waiter",
+        "finish", "items", "max_tokens", "prompt_tokens", "req", "request_id", "sent",
+        "sheddable", "waiter",
     )  # fmt: skip
 
-    def __init__(self, req: Request, request_id: str, max_tokens: int, prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        req: Request,
+        request_id: str,
+        max_tokens: int,
+        prompt_tokens: int,
+        sheddable: bool = False,
+    ) -> None:
         self.req = req
+        self.sheddable = sheddable
+        """Dropped first when the queue is full (:mod:`~sloserve.serve.emulated_admission`)."""
         self.request_id = request_id
         self.max_tokens = max_tokens
         self.prompt_tokens = prompt_tokens
