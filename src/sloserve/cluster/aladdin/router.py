@@ -7,8 +7,12 @@ router that has ``on_tick`` as its controller when no autoscaler is configured):
   hold (:class:`~sloserve.cluster.aladdin.placement.Placement`); when none does it is
   held in the cluster's global queue and routed again when a replica frees room or joins.
 - **on_event**: a finished (or failed-over) request leaves its worker's ledger; arrivals
-  are counted for the rate estimate.
-- **on_tick** (the heartbeat, ``tick_s``), with ``scaling`` on: held requests open a
+  are counted for the rate estimate. With ``rebalance`` on (the default), a finish also
+  runs Algorithm 2 (``rebalance.py``): placed requests that have not started on a worker
+  whose lengths were underestimated move (the cluster's ``Reroute`` action) to a worker
+  that can take them, tried first when the request is routed again.
+- **on_tick** (the heartbeat, ``tick_s``; ticks run when ``scaling`` or ``rebalance`` is
+  on): Algorithm 2 (with ``rebalance``); with ``scaling`` on: held requests open a
   worker (Algorithm 1's "open a new bin", paid as the cluster's cold start), at most one
   per heartbeat while one is still joining; with a fitted ``k5``/``c5`` the target
   ``N_w = ⌈k5·r_a + c5⌉`` follows the arrival rate after a change point; surplus workers,
@@ -18,8 +22,10 @@ Parameters (``router_params``): ``slo_ttft_ms`` / ``slo_atgt_ms`` (a request's o
 wins when it has one; defaults 1600 / 75, Table 2's 70B), ``gamma`` (0.5), ``theta``
 (0.9), ``mix`` (the length history, ``sharegpt``), ``scaling`` (False), ``tick_s`` (1.0),
 ``k5``/``c5`` (unset: no rate target, only held requests open workers), ``min_workers``
-(1), ``max_workers`` (256), ``group`` (0), ``oracle_lengths`` (False: the router then
-needs the true length, which a live gateway does not have, so it is simulation only).
+(1), ``max_workers`` (256), ``group`` (0), ``rebalance`` (True: Algorithm 2),
+``oracle_lengths`` (False: True predicts each request's true output length, the paper's
+ablation; the router then needs the true length, which a live gateway does not have, so
+it is simulation only).
 
 Change-point detection (choice): the rate is re-estimated when the arrivals of the last
 heartbeat window and of the window before differ by more than three Poisson standard
@@ -36,7 +42,8 @@ from sloserve.cluster.aladdin.lengths import LengthPredictor, OracleLengths, his
 from sloserve.cluster.aladdin.perf_models import GIB, PerfModels, fit_models
 from sloserve.cluster.aladdin.perf_models import samples_from_cost_model as _grid
 from sloserve.cluster.aladdin.placement import Placement, Slo
-from sloserve.cluster.controller import Action, AddReplica, Event, RemoveReplica
+from sloserve.cluster.aladdin.rebalance import Rebalancer
+from sloserve.cluster.controller import Action, AddReplica, Event, RemoveReplica, Reroute
 from sloserve.cluster.routing import Decision, Hold, Router, register_router
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
 from sloserve.core.errors import ConfigError
@@ -65,6 +72,7 @@ class AladdinRouter(Router):
         min_workers: int = 1,
         max_workers: int = 256,
         group: int = 0,
+        rebalance: bool = True,
         oracle_lengths: bool = False,
     ) -> None:
         if not 0 <= gamma <= 1:
@@ -78,13 +86,17 @@ class AladdinRouter(Router):
         self.slo = Slo(slo_ttft_ms / 1e3, slo_atgt_ms / 1e3)
         self.gamma, self.theta = gamma, theta
         self.scaling, self.k5, self.c5 = scaling, k5, c5
-        self.tick_s: float | None = tick_s if scaling else None
+        self.rebalance = rebalance
+        self.tick_s: float | None = tick_s if scaling or rebalance else None
         self.min_workers, self.max_workers, self.group = min_workers, max_workers, group
         p, o = history(mix)
         self.predictor: LengthPredictor = (OracleLengths if oracle_lengths else LengthPredictor)(
             p, o
         )
         self.placement: Placement | None = None
+        self.rebalancer: Rebalancer | None = None
+        self._moves: dict[int | str, int] = {}
+        """Algorithm 2's destination of each request it asked the cluster to re-route."""
         self.kv_gib = 0.0
         self._arrivals: list[float] = []
         self._rate_since = 0.0
@@ -99,6 +111,7 @@ class AladdinRouter(Router):
         self.placement = Placement(
             models, self.slo, self.predictor, gamma=self.gamma, theta=self.theta
         )
+        self.rebalancer = Rebalancer(self.placement) if self.rebalance else None
 
     def bind_profile(self, profile: Any, kv_capacity_tokens: int) -> None:
         """:meth:`bind` from a replica profile: the §3 models fitted to its cost model."""
@@ -113,23 +126,44 @@ class AladdinRouter(Router):
         cand = [r for r in view.serving(req.model) if r.status is ReplicaStatus.UP]
         for r in cand:
             pl.add_worker(r.replica_id, self.kv_gib)
-        pl.remove(req.req_id)  # routed again after a failover: from scratch
+        pl.remove(req.req_id)  # routed again (a failover, a re-balancing move): from scratch
         wid = pl.place(
             req.req_id,
             max(1, req.prompt_tokens),
             view.now,
             [(r.replica_id, r.queued_prompt_tokens) for r in cand],
             self.true_out.get(req.req_id) if self.predictor.oracle else None,
+            prefer=self._moves.pop(req.req_id, None),
         )
         return Hold("aladdin: no worker meets the constraints") if wid is None else wid
 
     # ------------------------------------------------------------------ controller
     def on_event(self, event: Event, view: ClusterView) -> list[Action]:
         if event.kind == "arrival":
-            self._arrivals.append(event.time)
+            if self.scaling:  # the rate estimate's window (pruned each heartbeat)
+                self._arrivals.append(event.time)
         elif event.kind == "finish" and event.req_id is not None and self.placement:
-            self.placement.remove(event.req_id)
+            gone = self.placement.remove(event.req_id)
+            if gone is not None and self.rebalancer is not None:
+                self.rebalancer.finished(gone[0], gone[1], event.time)
+                return self._rebalance(event.time, view)
         return []
+
+    def _rebalance(self, now: float, view: ClusterView) -> list[Action]:
+        """Algorithm 2 (``rebalance.py``): re-route unstarted requests of underestimated
+        workers; each destination is remembered and tried first when routed again."""
+        assert self.rebalancer is not None
+        self._moves.clear()  # a move the cluster did not make (the request started) lapses
+        up = [r for r in view.replicas() if r.status is ReplicaStatus.UP]
+        if not any(r.waiting for r in up):
+            return []
+        moves = self.rebalancer.plan(
+            now,
+            {r.replica_id: r.waiting for r in up},
+            {r.replica_id: r.queued_prompt_tokens for r in up},
+        )
+        self._moves.update((m.req_id, m.dst) for m in moves)
+        return [Reroute(m.src, int(m.req_id)) for m in moves]
 
     def rate(self, now: float) -> float:
         """Arrival rate since the last change point (module docstring)."""
@@ -144,6 +178,11 @@ class AladdinRouter(Router):
         return n / span
 
     def on_tick(self, now: float, view: ClusterView, queued: Mapping[str, int]) -> list[Action]:
+        moves = self._rebalance(now, view) if self.rebalancer is not None else []
+        return moves + (self._scale(now, view, queued) if self.scaling else [])
+
+    def _scale(self, now: float, view: ClusterView, queued: Mapping[str, int]) -> list[Action]:
+        """§5.2 heartbeat scaling (module docstring)."""
         mine = [
             r
             for r in view.replicas()
