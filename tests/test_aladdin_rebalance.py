@@ -88,8 +88,8 @@ def _run(rebalance: bool) -> Any:
         },
         "test",
     )
-    # Two requests predicted at 50 tokens run 600; a third comes 0.2 s later.
-    reqs = [Request(0, 0.0, 100, 600), Request(1, 0.0, 100, 600), Request(2, 0.2, 100, 50)]
+    # Two requests predicted at 50 tokens run 600; a third comes 0.3 s later.
+    reqs = [Request(0, 0.0, 100, 600), Request(1, 0.1, 100, 600), Request(2, 0.3, 100, 50)]
     return simulate_cluster(cfg, cluster, reqs)
 
 

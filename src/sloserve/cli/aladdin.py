@@ -146,7 +146,11 @@ def aladdin_config(
 def reproduce_aladdin(
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("runs/aladdin"),
     quick: Annotated[
-        bool, typer.Option("--quick", help="One scenario, two rates (well under a minute).")
+        bool,
+        typer.Option(
+            "--quick",
+            help="Llama-2-70B on the PCIe A100 testbed, three rates, 30 s each (a few minutes).",
+        ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Workload seed.", min=0)] = 0,
 ) -> None:

@@ -19,10 +19,22 @@ Choices where the paper is vague (parameters of :class:`Placement`):
 - ``capacity_norm`` is the L2 norm of the batch size over ``B_cap`` (the largest batch
   Eq. 4 allows with no context, ``(T_dec − c3)/c2``, capped at ``max_batch``) and of
   ``Σ(l_in + γ·l_pred)`` over ``l_d(1)``: both in [0, 1] on a worker that meets (b).
-- A request's ATGT slack is what its SLO allows beyond its predicted decode time over its
-  predicted life, ``(T_dec − t_d)·l_pred``, with ``t_d`` the worker's decode iteration now
-  (Eq. 3), less the prefill stalls already charged to it: a placed prefill charges its
-  ``t_pre`` to every request on that worker.
+- A request's ATGT slack (``slack``): ``"saved"`` (the default, the paper's (d): "the time
+  that ongoing requests have saved compared with the ATGT limit", ``T_dec·l_out − t_dec``)
+  is ``T_dec·g − e`` for a request that has generated ``g`` tokens in the ``e ≥ 0``
+  seconds since its prefill. A request that has not decoded yet has saved nothing, so a
+  worker takes no new prompt while one of its requests waits for, or has just left, its
+  prefill: the paper places the arrivals of a heartbeat together (their prefills share a
+  batch), we place each at its arrival, so prompts arriving close together spread over
+  workers instead of stalling one another. (Leaving such requests out of the minimum lets
+  a fresh worker take a burst of prompts whose prefills then stall the first ones far past
+  their ATGT: their estimated start keeps moving with each prefill charged to them.)
+  ``"budget"`` (the earlier choice, kept for comparison)
+  is what the SLO allows beyond the predicted decode time over the predicted life,
+  ``(T_dec − t_d)·l_pred``, less the prefill stalls already charged: it lets a burst of
+  prefills spend a young request's whole-life budget at once, after which its worker
+  refuses everything until that request ends. Either way a placed prefill charges its
+  ``t_pre`` to every request on that worker (the stall its progress estimate accounts).
 - Progress is estimated, not observed (a router sees no per-request counters): a request
   starts decoding ``t_pre(l_in)`` after placement and generates one token per decode
   iteration ``t_d`` of its worker. When it outlives its prediction, it is re-predicted
@@ -45,6 +57,7 @@ from sloserve.cluster.aladdin.perf_models import PerfModels
 from sloserve.core.errors import ConfigError
 
 CONSTRAINTS = ("b", "c", "d", "e")
+SLACKS = ("saved", "budget")
 
 
 @dataclass
@@ -102,11 +115,15 @@ class Placement:
         gamma: float = 0.5,
         theta: float = 0.9,
         max_batch: int = 256,
+        slack: str = "saved",
     ) -> None:
         if not 0 <= gamma <= 1:
             raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
         if not 0 < theta <= 1:
             raise ConfigError(f"theta: {theta} is outside (0, 1]")
+        if slack not in SLACKS:
+            raise ConfigError(f"slack: {slack!r} is not one of {', '.join(SLACKS)}")
+        self.slack = slack
         if not slo.ttft_s > 0:
             raise ConfigError(f"slo_ttft_ms: {slo.ttft_s * 1e3:g} must be positive")
         models.check_atgt(slo.atgt_s)
@@ -124,6 +141,8 @@ class Placement:
         self.workers: dict[int, Worker] = {}
         self.where: dict[int | str, int] = {}
         self.refusals = dict.fromkeys(CONSTRAINTS, 0)
+        self.overflows = 0
+        """Requests placed on the least loaded worker although none met the constraints."""
 
     # ------------------------------------------------------------------ ledger
     def add_worker(self, worker_id: int, kv_capacity_gib: float) -> Worker:
@@ -176,6 +195,19 @@ class Placement:
             gen[i] = min(g, p.l_pred - 1)
         return gen, t_d
 
+    def _slack(self, w: Worker, gen: np.ndarray, t_d: float, now: float) -> float:
+        """The smallest ATGT slack of the worker's requests (module docstring, ``slack``)."""
+        t_dec = self.slo.atgt_s
+        reqs = w.requests.values()
+        if self.slack == "budget":
+            per_tok = max(t_dec - t_d, 0.0)
+            return min(per_tok * p.l_pred - p.stall_s for p in reqs)
+        saved = [
+            t_dec * g - max(0.0, now - p.placed_at - self.m.prefill_s(p.l_in))
+            for p, g in zip(reqs, gen, strict=True)
+        ]
+        return min(saved, default=math.inf)
+
     # ------------------------------------------------------------------ constraints
     def violated(
         self, w: Worker, l_in: int, l_pred: int, now: float, queued_tokens: int = 0
@@ -211,8 +243,7 @@ class Placement:
                 return out
         gen, t_d = self._progress(w, now)
         if w.requests:
-            per_tok = max(slo.atgt_s - t_d, 0.0)
-            slack = min(per_tok * p.l_pred - p.stall_s for p in w.requests.values())
+            slack = self._slack(w, gen, t_d, now)
             if t_new > th * slack:
                 out.append("d")
                 if first:
@@ -241,11 +272,13 @@ class Placement:
         candidates: list[tuple[int, int]],
         true_out: int | None = None,
         prefer: int | None = None,
+        overflow: bool = False,
     ) -> int | None:
         """Algorithm 1: the worker id (from ``candidates``, pairs of worker id and its
         queued prompt tokens) the request goes to, most loaded feasible first; None when
-        no candidate fits (open a worker, or hold). ``prefer`` (a re-balancing move's
-        destination, Algorithm 2) is tried before the others."""
+        no candidate fits (open a worker, or hold), unless ``overflow``: then the least
+        loaded candidate takes it anyway. ``prefer`` (a re-balancing move's destination,
+        Algorithm 2) is tried before the others."""
         l_pred = self.predictor.predict(l_in, true_out)
         ws = sorted(
             (self.workers[c] for c, _ in candidates),
@@ -255,11 +288,27 @@ class Placement:
         for w in ws:
             why = self.violated(w, l_in, l_pred, now, queued[w.worker_id])
             if why is None:
-                t_new = self.m.prefill_s(queued[w.worker_id] + l_in)
-                for p in w.requests.values():
-                    p.stall_s += t_new
-                w.requests[req_id] = Placed(req_id, l_in, l_pred, now, true_out)
-                self.where[req_id] = w.worker_id
-                return w.worker_id
+                return self._put(w, req_id, l_in, l_pred, now, true_out, queued[w.worker_id])
             self.refusals[why] += 1
+        if overflow and ws:
+            self.overflows += 1
+            w = min(ws, key=lambda w: (self.capacity_norm(w), w.worker_id))
+            return self._put(w, req_id, l_in, l_pred, now, true_out, queued[w.worker_id])
         return None
+
+    def _put(
+        self,
+        w: Worker,
+        req_id: int | str,
+        l_in: int,
+        l_pred: int,
+        now: float,
+        true_out: int | None,
+        queued: int,
+    ) -> int:
+        t_new = self.m.prefill_s(queued + l_in)
+        for p in w.requests.values():
+            p.stall_s += t_new
+        w.requests[req_id] = Placed(req_id, l_in, l_pred, now, true_out)
+        self.where[req_id] = w.worker_id
+        return w.worker_id

@@ -23,7 +23,12 @@ wins when it has one; defaults 1600 / 75, Table 2's 70B), ``gamma`` (0.5), ``the
 (0.9), ``mix`` (the length history, ``sharegpt``), ``scaling`` (False), ``tick_s`` (1.0),
 ``k5``/``c5`` (unset: no rate target, only held requests open workers), ``min_workers``
 (1), ``max_workers`` (256), ``group`` (0), ``rebalance`` (True: Algorithm 2),
-``oracle_lengths`` (False: True predicts each request's true output length, the paper's
+``slack`` (``saved``: constraint (d)'s slack, ``placement.py``), ``overflow`` (what
+happens when no worker meets the constraints: ``hold`` in the global queue, the default
+with ``scaling``, until a worker frees room or joins; ``least-loaded``, the default
+without: the least loaded worker takes it, since Aladdin never blocks a request (§5.3)
+and a fixed cluster has no new worker to open), ``oracle_lengths``
+(False: True predicts each request's true output length, the paper's
 ablation; the router then needs the true length, which a live gateway does not have, so
 it is simulation only).
 
@@ -41,7 +46,7 @@ from typing import Any
 from sloserve.cluster.aladdin.lengths import LengthPredictor, OracleLengths, history
 from sloserve.cluster.aladdin.perf_models import GIB, PerfModels, fit_models
 from sloserve.cluster.aladdin.perf_models import samples_from_cost_model as _grid
-from sloserve.cluster.aladdin.placement import Placement, Slo
+from sloserve.cluster.aladdin.placement import SLACKS, Placement, Slo
 from sloserve.cluster.aladdin.rebalance import Rebalancer
 from sloserve.cluster.controller import Action, AddReplica, Event, RemoveReplica, Reroute
 from sloserve.cluster.routing import Decision, Hold, Router, register_router
@@ -74,6 +79,8 @@ class AladdinRouter(Router):
         group: int = 0,
         rebalance: bool = True,
         oracle_lengths: bool = False,
+        slack: str = "saved",
+        overflow: str | None = None,
     ) -> None:
         if not 0 <= gamma <= 1:
             raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
@@ -87,6 +94,13 @@ class AladdinRouter(Router):
         self.gamma, self.theta = gamma, theta
         self.scaling, self.k5, self.c5 = scaling, k5, c5
         self.rebalance = rebalance
+        if slack not in SLACKS:
+            raise ConfigError(f"slack: {slack!r} is not one of {', '.join(SLACKS)}")
+        self.slack = slack
+        over = overflow or ("hold" if scaling else "least-loaded")
+        if over not in ("hold", "least-loaded"):
+            raise ConfigError(f"overflow: {overflow!r} is not one of hold, least-loaded")
+        self.overflow = over
         self.tick_s: float | None = tick_s if scaling or rebalance else None
         self.min_workers, self.max_workers, self.group = min_workers, max_workers, group
         p, o = history(mix)
@@ -109,7 +123,7 @@ class AladdinRouter(Router):
         """Learn the workers' performance models and KV capacity (once, before routing)."""
         self.kv_gib = kv_capacity_tokens * kv_bytes_per_token / GIB
         self.placement = Placement(
-            models, self.slo, self.predictor, gamma=self.gamma, theta=self.theta
+            models, self.slo, self.predictor, gamma=self.gamma, theta=self.theta, slack=self.slack
         )
         self.rebalancer = Rebalancer(self.placement) if self.rebalance else None
 
@@ -134,6 +148,7 @@ class AladdinRouter(Router):
             [(r.replica_id, r.queued_prompt_tokens) for r in cand],
             self.true_out.get(req.req_id) if self.predictor.oracle else None,
             prefer=self._moves.pop(req.req_id, None),
+            overflow=self.overflow == "least-loaded",
         )
         return Hold("aladdin: no worker meets the constraints") if wid is None else wid
 

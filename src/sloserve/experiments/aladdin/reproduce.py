@@ -46,9 +46,9 @@ def run_once(plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int) -> f
     from sloserve.experiments.runner import SimConfig
 
     tp = sc.machine_gpus if arm.default_worker else sc.tp
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = dict(arm.params)
     if arm.router == "aladdin":
-        params = {
+        params |= {
             "slo_ttft_ms": sc.ttft_ms,
             "slo_atgt_ms": sc.atgt_ms,
             "gamma": plan.gamma,
