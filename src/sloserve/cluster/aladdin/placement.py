@@ -78,13 +78,52 @@ class Placed:
             self.l_first = self.l_pred
 
 
+class Ledger(dict[int | str, Placed]):
+    """A worker's requests by id, with running sums of ``l_in`` and ``l_pred``:
+    capacity_norm and constraint (b) read them for every worker at every decision, so they
+    cost O(1) instead of a pass over the worker's requests. Change a placed request's
+    prediction through :meth:`set_pred` so that the sums follow."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sum_in = 0
+        self.sum_pred = 0
+
+    def __setitem__(self, key: int | str, p: Placed) -> None:
+        self.pop(key)
+        super().__setitem__(key, p)
+        self.sum_in += p.l_in
+        self.sum_pred += p.l_pred
+
+    def pop(self, key: int | str, default: Placed | None = None) -> Placed | None:  # type: ignore[override]
+        p = super().pop(key, None)
+        if p is None:
+            return default
+        self.sum_in -= p.l_in
+        self.sum_pred -= p.l_pred
+        return p
+
+    def __delitem__(self, key: int | str) -> None:
+        if self.pop(key) is None:
+            raise KeyError(key)
+
+    def clear(self) -> None:
+        super().clear()
+        self.sum_in = self.sum_pred = 0
+
+    def set_pred(self, p: Placed, l_pred: int) -> None:
+        """Re-predict ``p`` (one of this ledger's requests) to ``l_pred`` output tokens."""
+        self.sum_pred += l_pred - p.l_pred
+        p.l_pred = l_pred
+
+
 @dataclass
 class Worker:
     """The ledger of one worker (a replica)."""
 
     worker_id: int
     kv_capacity_gib: float
-    requests: dict[int | str, Placed] = field(default_factory=dict)
+    requests: Ledger = field(default_factory=Ledger)
 
     @property
     def batch(self) -> int:
@@ -162,7 +201,7 @@ class Placement:
         return None if p is None else (w.worker_id, p)
 
     def weighted_context(self, w: Worker) -> float:
-        return sum(p.l_in + self.gamma * p.l_pred for p in w.requests.values())
+        return w.requests.sum_in + self.gamma * w.requests.sum_pred
 
     def capacity_norm(self, w: Worker) -> float:
         """L2 norm of the normalised batch size and weighted context (module docstring)."""
@@ -170,7 +209,7 @@ class Placement:
 
     def _step_s(self, w: Worker) -> float:
         """The worker's estimated decode iteration now (the ledger's mean context)."""
-        ctx = sum(p.l_in + p.l_pred / 2 for p in w.requests.values())
+        ctx = w.requests.sum_in + w.requests.sum_pred / 2
         return max(self.m.decode_s(max(w.batch, 1), ctx), 1e-6)
 
     def generated(self, w: Worker, p: Placed, now: float, t_d: float | None = None) -> int:
@@ -191,7 +230,7 @@ class Placement:
         for i, p in enumerate(reqs):
             g = self.generated(w, p, now, t_d)
             if g >= p.l_pred:
-                p.l_pred = self.predictor.repredict(p.l_in, g, p.true_out)
+                w.requests.set_pred(p, self.predictor.repredict(p.l_in, g, p.true_out))
             gen[i] = min(g, p.l_pred - 1)
         return gen, t_d
 

@@ -85,7 +85,8 @@ class Rebalancer:
         re-prediction their estimate caused is undone."""
         newest = sorted(w.requests.values(), key=lambda p: -p.placed_at)[: max(waiting, 0)]
         for p in newest:
-            p.placed_at, p.stall_s, p.l_pred = max(p.placed_at, now), 0.0, p.l_first
+            p.placed_at, p.stall_s = max(p.placed_at, now), 0.0
+            w.requests.set_pred(p, p.l_first)
         return newest
 
     def error(self, w: Worker, now: float, waiting: int = 0) -> float:
