@@ -118,3 +118,43 @@ def test_cli_switches_and_one_line_errors(
     ):
         bad = run_main(monkeypatch, capsys, "simulate", "--config", str(_yaml(tmp_path, params)))
         assert_user_error(bad, needle)
+
+
+def test_split_prefill_decode_packs_the_decode_workers() -> None:
+    """§5.1: prompts go to the prefill worker (no queue), Algorithm 1 packs the decode
+    workers under (b) and (e); JSQ spreads the same requests over all three."""
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.config import validate
+    from sloserve.experiments.cluster_run import simulate_cluster
+    from sloserve.experiments.runner import SimConfig
+
+    cfg = validate(
+        SimConfig,
+        {
+            "instance": {"profile": "llama-2-7b-a100"},
+            "workload": {"arrival": {"kind": "poisson", "rate": 4}, "duration_s": 10, "seed": 1},
+        },
+        "test",
+    )
+    used = {}
+    for router, params in (("aladdin", {"slo_ttft_ms": 400, "slo_atgt_ms": 15}), ("jsq", {})):
+        cc = ClusterConfig.load(
+            {
+                "replicas": [{"role": "prefill"}, {"role": "decode", "count": 3}],
+                "router": "aladdin" if router == "aladdin" else "least-outstanding",
+                "router_params": params,
+            },
+            "test",
+        )
+        res = simulate_cluster(cfg, cc)
+        t = res.table
+        assert len(t) > 30 and (t["status"] == "finished").all()
+        assert (t["atgt_s"].dropna() <= 0.015).all()
+        used[router] = t["replica"].nunique()  # the decode replica each request ended on
+        if router == "aladdin":
+            r = res.cluster.router
+            assert isinstance(r, AladdinRouter) and r.phase == "prefill" and r.decode
+            assert r.decode.placement is not None and r.decode.placement.decode_only
+            assert r.decode.placement.where == {}  # finishes reached the decode ledger
+            assert not res.cluster.holds
+    assert used["aladdin"] == 1 < used["jsq"] == 3

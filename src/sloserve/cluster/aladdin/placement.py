@@ -14,6 +14,11 @@ Constraints, for a worker with ongoing requests ``J`` and the new request ``n``:
 - (e) the KV footprint vector of ``J ∪ n`` (each request's ``kv(l_in + k)`` for its
   iterations ``k`` to come, 0 once it is done) never exceeds ``M``.
 
+With ``decode_only`` (split prefill/decode, §5.1: decode workers of a disaggregated
+cluster receive requests whose prompt a prefill worker computed) only (b) and (e) apply:
+no prefill runs there, so none delays a first token (c) or stalls the decodes (d), and a
+placed request decodes from the moment it is placed.
+
 Choices where the paper is vague (parameters of :class:`Placement`):
 
 - ``capacity_norm`` is the L2 norm of the batch size over ``B_cap`` (the largest batch
@@ -155,6 +160,7 @@ class Placement:
         theta: float = 0.9,
         max_batch: int = 256,
         slack: str = "saved",
+        decode_only: bool = False,
     ) -> None:
         if not 0 <= gamma <= 1:
             raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
@@ -163,6 +169,7 @@ class Placement:
         if slack not in SLACKS:
             raise ConfigError(f"slack: {slack!r} is not one of {', '.join(SLACKS)}")
         self.slack = slack
+        self.decode_only = decode_only
         if not slo.ttft_s > 0:
             raise ConfigError(f"slo_ttft_ms: {slo.ttft_s * 1e3:g} must be positive")
         models.check_atgt(slo.atgt_s)
@@ -214,8 +221,12 @@ class Placement:
 
     def generated(self, w: Worker, p: Placed, now: float, t_d: float | None = None) -> int:
         """Estimated output tokens ``p`` has generated on ``w`` by ``now`` (module docstring)."""
-        started = p.placed_at + self.m.prefill_s(p.l_in) + p.stall_s
+        started = p.placed_at + self._own_prefill(p) + p.stall_s
         return int(max(0.0, now - started) / (t_d or self._step_s(w)))
+
+    def _own_prefill(self, p: Placed) -> float:
+        """How long after placement ``p`` starts decoding (0 on a decode-only worker)."""
+        return 0.0 if self.decode_only else self.m.prefill_s(p.l_in)
 
     def refresh(self, w: Worker, now: float) -> None:
         """Re-predict the requests of ``w`` that outlived their prediction."""
@@ -242,7 +253,7 @@ class Placement:
             per_tok = max(t_dec - t_d, 0.0)
             return min(per_tok * p.l_pred - p.stall_s for p in reqs)
         saved = [
-            t_dec * g - max(0.0, now - p.placed_at - self.m.prefill_s(p.l_in))
+            t_dec * g - max(0.0, now - p.placed_at - self._own_prefill(p))
             for p, g in zip(reqs, gen, strict=True)
         ]
         return min(saved, default=math.inf)
@@ -275,13 +286,13 @@ class Placement:
             out.append("b")
             if first:
                 return out
-        t_new = m.prefill_s(queued_tokens + l_in)
+        t_new = 0.0 if self.decode_only else m.prefill_s(queued_tokens + l_in)
         if t_new > slo.ttft_s:
             out.append("c")
             if first:
                 return out
         gen, t_d = self._progress(w, now)
-        if w.requests:
+        if w.requests and not self.decode_only:
             slack = self._slack(w, gen, t_d, now)
             if t_new > th * slack:
                 out.append("d")
@@ -345,9 +356,10 @@ class Placement:
         true_out: int | None,
         queued: int,
     ) -> int:
-        t_new = self.m.prefill_s(queued + l_in)
-        for p in w.requests.values():
-            p.stall_s += t_new
+        if not self.decode_only:  # the new prefill stalls the worker's decodes
+            t_new = self.m.prefill_s(queued + l_in)
+            for p in w.requests.values():
+                p.stall_s += t_new
         w.requests[req_id] = Placed(req_id, l_in, l_pred, now, true_out)
         self.where[req_id] = w.worker_id
         return w.worker_id

@@ -32,6 +32,16 @@ and a fixed cluster has no new worker to open), ``oracle_lengths``
 ablation; the router then needs the true length, which a live gateway does not have, so
 it is simulation only).
 
+Split prefill/decode (§5.1, a cluster with ``prefill`` and ``decode`` replica groups):
+the cluster routes with two router objects; :meth:`AladdinRouter.split_phases` makes this
+one the prefill router and the other the decode router. Prefill workers have no queue in
+the paper: a prompt goes to the prefill worker with the fewest prompt tokens queued
+(then the fewest requests held), never held while one is up. Decode workers are packed
+by Algorithm 1 with (b) and (e) only (``Placement.decode_only``); finishes reach the
+decode router's ledger through this one (the cluster's controller). Re-balancing has
+nothing to move there (a handed-off request waits for KV room, never as a new prompt)
+and scaling acts on ``group`` only.
+
 Change-point detection (choice): the rate is re-estimated when the arrivals of the last
 heartbeat window and of the window before differ by more than three Poisson standard
 deviations; otherwise the rate over the whole stable window since the last change is used.
@@ -109,6 +119,10 @@ class AladdinRouter(Router):
         )
         self.placement: Placement | None = None
         self.rebalancer: Rebalancer | None = None
+        self.phase = "both"
+        """``both``; ``prefill`` or ``decode`` once :meth:`split_phases` paired two."""
+        self.decode: AladdinRouter | None = None
+        """The decode router this prefill router forwards finishes to (split phases)."""
         self._moves: dict[int | str, int] = {}
         """Algorithm 2's destination of each request it asked the cluster to re-route."""
         self.kv_gib = 0.0
@@ -122,10 +136,22 @@ class AladdinRouter(Router):
     def bind(self, models: PerfModels, kv_capacity_tokens: int, kv_bytes_per_token: int) -> None:
         """Learn the workers' performance models and KV capacity (once, before routing)."""
         self.kv_gib = kv_capacity_tokens * kv_bytes_per_token / GIB
+        decode = self.phase == "decode"
         self.placement = Placement(
-            models, self.slo, self.predictor, gamma=self.gamma, theta=self.theta, slack=self.slack
+            models,
+            self.slo,
+            self.predictor,
+            gamma=self.gamma,
+            theta=self.theta,
+            slack=self.slack,
+            decode_only=decode,
         )
-        self.rebalancer = Rebalancer(self.placement) if self.rebalance else None
+        self.rebalancer = Rebalancer(self.placement) if self.rebalance and not decode else None
+
+    def split_phases(self, decode: AladdinRouter) -> None:
+        """Split prefill/decode (module docstring): this router places prompts on prefill
+        workers, ``decode`` (bind it afterwards) packs the decode workers."""
+        self.phase, decode.phase, self.decode = "prefill", "decode", decode
 
     def bind_profile(self, profile: Any, kv_capacity_tokens: int) -> None:
         """:meth:`bind` from a replica profile: the §3 models fitted to its cost model."""
@@ -138,6 +164,11 @@ class AladdinRouter(Router):
         if pl is None:
             raise ConfigError("router aladdin: no replica profile bound (use bind_profile)")
         cand = [r for r in view.serving(req.model) if r.status is ReplicaStatus.UP]
+        if self.phase == "prefill":  # no queue at the prefill workers (§5.1)
+            if not cand:
+                return Hold("aladdin: no prefill worker is up")
+            best = min(cand, key=lambda r: (r.queued_prompt_tokens, r.outstanding, r.replica_id))
+            return best.replica_id
         for r in cand:
             pl.add_worker(r.replica_id, self.kv_gib)
         pl.remove(req.req_id)  # routed again (a failover, a re-balancing move): from scratch
@@ -157,6 +188,8 @@ class AladdinRouter(Router):
         if event.kind == "arrival":
             if self.scaling:  # the rate estimate's window (pruned each heartbeat)
                 self._arrivals.append(event.time)
+        elif event.kind == "finish" and event.req_id is not None and self.decode is not None:
+            return self.decode.on_event(event, view)
         elif event.kind == "finish" and event.req_id is not None and self.placement:
             gone = self.placement.remove(event.req_id)
             if gone is not None and self.rebalancer is not None:
