@@ -19,6 +19,14 @@ paper's Fig. 13 quotes about 25 for its simulation). Aladdin runs with the paper
 least loaded one (Aladdin never blocks a request, and a fixed cluster has no bin to open).
 The ``aladdin-oracle`` arm is the same router told every true output length (§4.3's
 question: how much do prediction errors cost).
+
+Split-phase arms (Fig. 12, ``split``): prefill and decode workers of the optimal size; the
+fewest *decode* GPUs meeting the SLOs are searched (the paper simulates only the decode
+phase) with the prefill workers fixed at what keeps their utilisation at or under a half
+(``⌈2·r·t_pre(mean prompt)⌉``, from the §3 prefill fit), the same for every arm; JSQ and
+power-of-two route both phases, Aladdin places prompts on the prefill worker with the
+fewest queued tokens and packs the decode workers by Algorithm 1 (§5.1). The quick plan
+runs them at its top rate only.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ class Arm:
     router: str
     default_worker: bool = False
     params: tuple[tuple[str, object], ...] = ()
+    split: bool = False
+    """Split prefill/decode workers; the GPUs counted are the decode workers'."""
 
 
 ARMS = (
@@ -62,6 +72,11 @@ ARMS = (
 )
 ORACLE = Arm("aladdin-oracle", "aladdin", params=(("oracle_lengths", True),))
 """The oracle-length ablation: Aladdin told each request's true output length."""
+SPLIT_ARMS = (
+    Arm("aladdin-split", "aladdin", split=True),
+    Arm("jsq-split", "least-outstanding", split=True),
+    Arm("power-of-two-split", "power-of-two", split=True),
+)
 
 
 @dataclass(frozen=True)
@@ -76,10 +91,16 @@ class Plan:
     """Aladdin's knobs: the paper's defaults (γ = 0.5, θ = 0.9)."""
     max_workers: int = 24
     seed: int = 0
+    split_rates: tuple[float, ...] | None = None
+    """The rates the split-phase arms run at (None: all of ``rates``)."""
+
+    def rates_for(self, arm: Arm) -> tuple[float, ...]:
+        return self.split_rates if arm.split and self.split_rates is not None else self.rates
 
     @classmethod
     def quick(cls, seed: int = 0) -> Plan:
-        return cls((SC_70B,), (5.0, 10.0, 20.0), 30.0, arms=(*ARMS, ORACLE), seed=seed)
+        arms = (*ARMS, ORACLE, *SPLIT_ARMS)
+        return cls((SC_70B,), (5.0, 10.0, 20.0), 30.0, arms=arms, seed=seed, split_rates=(20.0,))
 
     @classmethod
     def full(cls, seed: int = 0) -> Plan:
@@ -91,7 +112,7 @@ class Plan:
             ),
             (5.0, 10.0, 15.0, 20.0, 25.0),
             60.0,
-            arms=(*ARMS, ORACLE),
+            arms=(*ARMS, ORACLE, *SPLIT_ARMS),
             max_workers=32,
             seed=seed,
         )
