@@ -21,7 +21,7 @@ SLO = Slo(ttft_s=0.5, atgt_s=0.05)
 
 def _placement(theta: float = 1.0, oracle: bool = False, slack: str = "saved") -> Placement:
     pred = (OracleLengths if oracle else LengthPredictor)([10] * 10, [100] * 10)
-    return Placement(M, SLO, pred, gamma=0.5, theta=theta, slack=slack)
+    return Placement(M, SLO, pred, gamma=0.5, theta=theta, slack=slack, kv_margin=0.0)
 
 
 def test_each_constraint_alone_refuses() -> None:
@@ -56,6 +56,10 @@ def test_each_constraint_alone_refuses() -> None:
     # (e): 300 tokens of KV at the request's last iteration, 299 on the worker.
     assert pl.violations(pl.add_worker(3, 299.0), 200, 100, now=0.0) == ["e"]
     assert pl.violations(pl.add_worker(4, 300.0), 200, 100, now=0.0) == []
+    # (e) with the default 5 % margin: 300 tokens need a worker of 300/0.95 ≈ 315.8.
+    pm = Placement(M, SLO, LengthPredictor([10] * 10, [100] * 10))
+    assert pm.violations(pm.add_worker(0, 315.0), 200, 100, now=0.0) == ["e"]
+    assert pm.violations(pm.add_worker(1, 316.0), 200, 100, now=0.0) == []
 
 
 def _peak_ok(pl: Placement, groups: list[list[tuple[int, int]]], cap: float) -> bool:
@@ -115,6 +119,8 @@ def test_bad_slack_and_overflow() -> None:
         AladdinRouter(0, slack="nope")
     with pytest.raises(ConfigError, match="overflow"):
         AladdinRouter(0, overflow="drop")
+    with pytest.raises(ConfigError, match="kv_margin"):
+        AladdinRouter(0, kv_margin=1.0)
     assert AladdinRouter(0).overflow == "least-loaded"
     assert AladdinRouter(0, scaling=True).overflow == "hold"
 

@@ -44,6 +44,12 @@ Choices where the paper is vague (parameters of :class:`Placement`):
   starts decoding ``t_pre(l_in)`` after placement and generates one token per decode
   iteration ``t_d`` of its worker. When it outlives its prediction, it is re-predicted
   (:meth:`~sloserve.cluster.aladdin.lengths.LengthPredictor.repredict`).
+- Constraint (e) keeps ``kv_margin`` (5 %) of ``M`` free: the footprint is the fitted
+  ``kv`` model over estimated progress, while the engine allocates whole blocks per request
+  and preempts (recomputing a prompt, a long stall for the whole batch) as soon as one more
+  block does not fit. Measured on Llama-2-70B decode workers (split phases, 20 req/s):
+  with the true output lengths and no margin they still preempted 22 times (10 % ATGT
+  misses); with 5 % none did.
 - Constraint (e) is checked at each iteration where a request ends (the footprint is
   piecewise linear in between, so its peaks are there), in O(n log n) per worker. A
   request of ``l_pred`` output tokens holds ``kv(l_in + k)`` for ``k = 0..l_pred`` (the
@@ -161,6 +167,7 @@ class Placement:
         max_batch: int = 256,
         slack: str = "saved",
         decode_only: bool = False,
+        kv_margin: float = 0.05,
     ) -> None:
         if not 0 <= gamma <= 1:
             raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
@@ -170,6 +177,9 @@ class Placement:
             raise ConfigError(f"slack: {slack!r} is not one of {', '.join(SLACKS)}")
         self.slack = slack
         self.decode_only = decode_only
+        if not 0 <= kv_margin < 1:
+            raise ConfigError(f"kv_margin: {kv_margin} is outside [0, 1)")
+        self.kv_margin = kv_margin
         if not slo.ttft_s > 0:
             raise ConfigError(f"slo_ttft_ms: {slo.ttft_s * 1e3:g} must be positive")
         models.check_atgt(slo.atgt_s)
@@ -310,7 +320,7 @@ class Placement:
         suffix_base = np.cumsum(base[::-1])[::-1]
         alive = np.arange(len(rem), 0, -1, dtype=np.float64)
         peak = m.h * (suffix_base + alive * rem) + m.j * alive
-        if float(peak.max()) > w.kv_capacity_gib:
+        if float(peak.max()) > (1.0 - self.kv_margin) * w.kv_capacity_gib:
             out.append("e")
         return out
 

@@ -23,7 +23,8 @@ wins when it has one; defaults 1600 / 75, Table 2's 70B), ``gamma`` (0.5), ``the
 (0.9), ``mix`` (the length history, ``sharegpt``), ``scaling`` (False), ``tick_s`` (1.0),
 ``k5``/``c5`` (unset: no rate target, only held requests open workers), ``min_workers``
 (1), ``max_workers`` (256), ``group`` (0), ``rebalance`` (True: Algorithm 2),
-``slack`` (``saved``: constraint (d)'s slack, ``placement.py``), ``overflow`` (what
+``slack`` (``saved``: constraint (d)'s slack, ``placement.py``), ``kv_margin`` (0.05:
+the share of the KV cache constraint (e) keeps free, ``placement.py``), ``overflow`` (what
 happens when no worker meets the constraints: ``hold`` in the global queue, the default
 with ``scaling``, until a worker frees room or joins; ``least-loaded``, the default
 without: the least loaded worker takes it, since Aladdin never blocks a request (§5.3)
@@ -91,6 +92,7 @@ class AladdinRouter(Router):
         oracle_lengths: bool = False,
         slack: str = "saved",
         overflow: str | None = None,
+        kv_margin: float = 0.05,
     ) -> None:
         if not 0 <= gamma <= 1:
             raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
@@ -107,6 +109,9 @@ class AladdinRouter(Router):
         if slack not in SLACKS:
             raise ConfigError(f"slack: {slack!r} is not one of {', '.join(SLACKS)}")
         self.slack = slack
+        if not 0 <= kv_margin < 1:
+            raise ConfigError(f"kv_margin: {kv_margin} is outside [0, 1)")
+        self.kv_margin = kv_margin
         over = overflow or ("hold" if scaling else "least-loaded")
         if over not in ("hold", "least-loaded"):
             raise ConfigError(f"overflow: {overflow!r} is not one of hold, least-loaded")
@@ -145,6 +150,7 @@ class AladdinRouter(Router):
             theta=self.theta,
             slack=self.slack,
             decode_only=decode,
+            kv_margin=self.kv_margin,
         )
         self.rebalancer = Rebalancer(self.placement) if self.rebalance and not decode else None
 
