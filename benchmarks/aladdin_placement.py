@@ -8,6 +8,8 @@ time in the last 30 s, so their progress, re-predictions and KV footprints diffe
 timed decision places one new ShareGPT request at t = 0 on the best-fit worker (or finds
 none: with many requests per worker every constraint check runs for every worker, the
 worst case), then takes it out again so that N stays fixed. Only ``place`` is timed.
+With ``--groups n`` (Appendix A's distributed scheduling) each decision sees only the
+W/n workers of the group the request is dealt to (round robin).
 
 One JSON line per (N, W): decisions, decisions per second, mean / p50 / p99 milliseconds and
 the share of decisions that found a worker. Each configuration runs ``--repeat`` times and
@@ -52,14 +54,16 @@ def build(n: int, workers: int, seed: int = 0) -> tuple[Placement, np.ndarray]:
     return pl, new
 
 
-def time_decisions(pl: Placement, new: np.ndarray, decisions: int) -> tuple[np.ndarray, int]:
-    cand = [(w, 0) for w in pl.workers]
+def time_decisions(
+    pl: Placement, new: np.ndarray, decisions: int, groups: int = 1
+) -> tuple[np.ndarray, int]:
+    cands = [[(w, 0) for w in pl.workers if w % groups == g] for g in range(groups)]
     times = np.empty(decisions)
     found = 0
     for k in range(decisions):
         rid = f"new-{k}"
         t0 = time.perf_counter()
-        wid = pl.place(rid, int(new[k % len(new)]), 0.0, cand)
+        wid = pl.place(rid, int(new[k % len(new)]), 0.0, cands[k % groups])
         times[k] = time.perf_counter() - t0
         if wid is not None:
             found += 1
@@ -73,19 +77,23 @@ def main() -> None:
     ap.add_argument("--workers", default="16,64,256", help="worker counts W")
     ap.add_argument("--decisions", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--groups", type=int, default=1, help="Appendix A scheduler groups (1: central)"
+    )
     args = ap.parse_args()
     for n in (int(x) for x in args.sizes.split(",")):
         for w in (int(x) for x in args.workers.split(",")):
             runs = []
             for _ in range(args.repeat):
                 pl, new = build(n, w)
-                runs.append(time_decisions(pl, new, args.decisions))
+                runs.append(time_decisions(pl, new, args.decisions, args.groups))
             times, found = min(runs, key=lambda r: float(r[0].mean()))
             print(
                 json.dumps(
                     {
                         "ongoing": n,
                         "workers": w,
+                        "groups": args.groups,
                         "decisions": args.decisions,
                         "decisions_per_s": round(1.0 / float(times.mean()), 1),
                         "mean_ms": round(float(times.mean()) * 1e3, 3),

@@ -158,3 +158,27 @@ def test_split_prefill_decode_packs_the_decode_workers() -> None:
             assert r.decode.placement.where == {}  # finishes reached the decode ledger
             assert not res.cluster.holds
     assert used["aladdin"] == 1 < used["jsq"] == 3
+
+
+def test_grouped_scheduling_deals_requests_to_groups_round_robin() -> None:
+    """Appendix A: with 2 groups of 2 workers, requests alternate between {0, 2} and
+    {1, 3}; central best fit packs the same light load onto worker 0."""
+    now = [0.0]
+    view = ClusterView([StaticReplica(i) for i in range(4)], lambda: now[0])
+    picks = {}
+    for groups in (1, 2):
+        r = AladdinRouter(0, slo_ttft_ms=500, slo_atgt_ms=50, scheduler_groups=groups)
+        r.bind(M, kv_capacity_tokens=100_000, kv_bytes_per_token=1024)
+        picks[groups] = []
+        for i in range(4):  # one a second: the earlier ones are decoding, with slack
+            now[0] = float(i)
+            picks[groups].append(r.route(RouteRequest(i, "default", 100), view))
+    assert picks[1] == [0, 0, 0, 0]  # best fit: the most loaded worker that fits
+    assert picks[2] == [0, 1, 0, 1]  # group 0 is {0, 2}, group 1 is {1, 3}
+    # e = 10 %: at least 1/(2e) = 5 workers a group.
+    r = AladdinRouter(0, group_error=0.1)
+    assert [r.groups(w) for w in (4, 5, 10, 12, 64)] == [1, 1, 2, 2, 12]
+    with pytest.raises(ConfigError, match="group_error"):
+        AladdinRouter(0, group_error=1.0)
+    with pytest.raises(ConfigError, match="scheduler_groups"):
+        AladdinRouter(0, scheduler_groups=0)

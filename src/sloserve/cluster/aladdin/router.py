@@ -22,16 +22,16 @@ Parameters (``router_params``): ``slo_ttft_ms`` / ``slo_atgt_ms`` (a request's o
 wins when it has one; defaults 1600 / 75, Table 2's 70B), ``gamma`` (0.5), ``theta``
 (0.9), ``mix`` (the length history, ``sharegpt``), ``scaling`` (False), ``tick_s`` (1.0),
 ``k5``/``c5`` (unset: no rate target, only held requests open workers), ``min_workers``
-(1), ``max_workers`` (256), ``group`` (0), ``rebalance`` (True: Algorithm 2),
-``slack`` (``saved``: constraint (d)'s slack, ``placement.py``), ``kv_margin`` (0.05:
-the share of the KV cache constraint (e) keeps free, ``placement.py``), ``overflow`` (what
-happens when no worker meets the constraints: ``hold`` in the global queue, the default
-with ``scaling``, until a worker frees room or joins; ``least-loaded``, the default
-without: the least loaded worker takes it, since Aladdin never blocks a request (§5.3)
-and a fixed cluster has no new worker to open), ``oracle_lengths``
-(False: True predicts each request's true output length, the paper's
-ablation; the router then needs the true length, which a live gateway does not have, so
-it is simulation only).
+(1), ``max_workers`` (256), ``group`` (0), ``rebalance`` (True: Algorithm 2), ``slack``
+(``saved``: constraint (d)'s slack, ``placement.py``), ``kv_margin`` (0.05: the share of
+the KV cache constraint (e) keeps free, ``placement.py``), ``scheduler_groups`` (1) and
+``group_error`` (unset): Appendix A, below; ``overflow`` (what happens when no worker
+meets the constraints: ``hold`` in the global queue, the default with ``scaling``, until
+a worker frees room or joins; ``least-loaded``, the default without: the least loaded
+worker takes it, since Aladdin never blocks a request (§5.3) and a fixed cluster has no
+new worker to open), ``oracle_lengths`` (False: True predicts each request's true output
+length, the paper's ablation; the router then needs the true length, which a live
+gateway does not have, so it is simulation only).
 
 Split prefill/decode (§5.1, a cluster with ``prefill`` and ``decode`` replica groups):
 the cluster routes with two router objects; :meth:`AladdinRouter.split_phases` makes this
@@ -42,6 +42,15 @@ by Algorithm 1 with (b) and (e) only (``Placement.decode_only``); finishes reach
 decode router's ledger through this one (the cluster's controller). Re-balancing has
 nothing to move there (a handed-off request waits for KV room, never as a new prompt)
 and scaling acts on ``group`` only.
+
+Distributed grouped scheduling (Appendix A; ``scheduler_groups``, ``group_error``): the
+up workers are dealt into ``n`` groups by position (worker ``i`` of the list serves group
+``i mod n``) and arriving requests into the groups round robin; each request is placed by
+Algorithm 1 among its group's workers only, so a decision costs ``1/n`` of a central one.
+With ``group_error`` ``e`` set, ``n`` follows the paper's rule that each group needs at
+least ``1/(2e)`` workers, ``n = ⌊W / ⌈1/(2e)⌉⌋`` for ``W`` up workers (the paper's upper
+bound on a group's rate from the scheduling-latency limit is left to the caller);
+otherwise ``n = scheduler_groups`` (1: central scheduling, the default).
 
 Change-point detection (choice): the rate is re-estimated when the arrivals of the last
 heartbeat window and of the window before differ by more than three Poisson standard
@@ -61,7 +70,7 @@ from sloserve.cluster.aladdin.placement import SLACKS, Placement, Slo
 from sloserve.cluster.aladdin.rebalance import Rebalancer
 from sloserve.cluster.controller import Action, AddReplica, Event, RemoveReplica, Reroute
 from sloserve.cluster.routing import Decision, Hold, Router, register_router
-from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
+from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError
 
 
@@ -93,6 +102,8 @@ class AladdinRouter(Router):
         slack: str = "saved",
         overflow: str | None = None,
         kv_margin: float = 0.05,
+        scheduler_groups: int = 1,
+        group_error: float | None = None,
     ) -> None:
         if not 0 <= gamma <= 1:
             raise ConfigError(f"gamma: {gamma} is outside [0, 1]")
@@ -128,6 +139,12 @@ class AladdinRouter(Router):
         """``both``; ``prefill`` or ``decode`` once :meth:`split_phases` paired two."""
         self.decode: AladdinRouter | None = None
         """The decode router this prefill router forwards finishes to (split phases)."""
+        if scheduler_groups < 1:
+            raise ConfigError(f"scheduler_groups: {scheduler_groups} must be >= 1")
+        if group_error is not None and not 0 < group_error < 1:
+            raise ConfigError(f"group_error: {group_error} is outside (0, 1)")
+        self.scheduler_groups, self.group_error = scheduler_groups, group_error
+        self._next_group = 0
         self._moves: dict[int | str, int] = {}
         """Algorithm 2's destination of each request it asked the cluster to re-route."""
         self.kv_gib = 0.0
@@ -175,6 +192,7 @@ class AladdinRouter(Router):
                 return Hold("aladdin: no prefill worker is up")
             best = min(cand, key=lambda r: (r.queued_prompt_tokens, r.outstanding, r.replica_id))
             return best.replica_id
+        cand = self._my_group(cand)
         for r in cand:
             pl.add_worker(r.replica_id, self.kv_gib)
         pl.remove(req.req_id)  # routed again (a failover, a re-balancing move): from scratch
@@ -188,6 +206,21 @@ class AladdinRouter(Router):
             overflow=self.overflow == "least-loaded",
         )
         return Hold("aladdin: no worker meets the constraints") if wid is None else wid
+
+    def groups(self, workers: int) -> int:
+        """Scheduler groups for ``workers`` workers (Appendix A; module docstring)."""
+        if self.group_error is None:
+            return max(1, min(self.scheduler_groups, workers))
+        return max(1, workers // math.ceil(1 / (2 * self.group_error)))
+
+    def _my_group(self, cand: list[ReplicaView]) -> list[ReplicaView]:
+        """The workers of the scheduler group this request is dealt to (round robin)."""
+        n = self.groups(len(cand))
+        if n == 1:
+            return cand
+        g = self._next_group % n
+        self._next_group += 1
+        return [r for i, r in enumerate(cand) if i % n == g]
 
     # ------------------------------------------------------------------ controller
     def on_event(self, event: Event, view: ClusterView) -> list[Action]:
