@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import assert_user_error, run_main
 from sloserve.cluster.aladdin.gpu_count import fit_worker_law
 from sloserve.core.errors import ConfigError
 from sloserve.experiments.aladdin.plan import ARMS, SPLIT_ARMS, Plan, Scenario
@@ -59,3 +60,17 @@ def test_split_phase_arms_count_decode_gpus(tmp_path: Path) -> None:
     split = rep.gpus[rep.gpus["arm"].str.endswith("-split")]
     assert list(split["rate"]) == [6.0, 6.0] and (split["attainment"] >= 0.99).all()
     assert set(rep.headline["ours"]["7b"]) == {"split vs jsq-split"}
+
+
+@pytest.mark.parametrize(
+    ("rates", "needle"), [("x", "rates: 'x'"), ("0", "rates: '0'"), (",", "rates: ','")]
+)
+def test_reproduce_rates_bad_input_is_one_line(
+    rates: str,
+    needle: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("reproduce", "aladdin", "--quick", "--rates", rates, "--out", str(tmp_path))
+    assert_user_error(run_main(monkeypatch, capsys, *args), needle)
