@@ -90,6 +90,8 @@ class Plan:
     theta: float = 0.9
     """Aladdin's knobs: the paper's defaults (γ = 0.5, θ = 0.9)."""
     max_workers: int = 24
+    """The largest cluster searched; an arm that misses the target even there is reported
+    with ``max_workers + 1`` workers and attainment 0 (a lower bound, not a count)."""
     seed: int = 0
     split_rates: tuple[float, ...] | None = None
     """The rates the split-phase arms run at (None: all of ``rates``)."""
@@ -100,7 +102,15 @@ class Plan:
     @classmethod
     def quick(cls, seed: int = 0) -> Plan:
         arms = (*ARMS, ORACLE, *SPLIT_ARMS)
-        return cls((SC_70B,), (5.0, 10.0, 20.0), 30.0, arms=arms, seed=seed, split_rates=(20.0,))
+        return cls(
+            (SC_70B,),
+            (5.0, 10.0, 20.0),
+            30.0,
+            arms=arms,
+            max_workers=32,
+            seed=seed,
+            split_rates=(20.0,),
+        )
 
     @classmethod
     def full(cls, seed: int = 0) -> Plan:
