@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import assert_user_error, run_main
 from sloserve.cluster.aladdin.gpu_count import fit_worker_law
 from sloserve.core.errors import ConfigError
-from sloserve.experiments.aladdin.plan import ARMS, Plan, Scenario
-from sloserve.experiments.aladdin.reproduce import reproduce
+from sloserve.experiments.aladdin.plan import ARMS, SPLIT_ARMS, Plan, Scenario
+from sloserve.experiments.aladdin.reproduce import prefill_workers, reproduce
 
 
 def test_worker_law_recovers_a_line_and_guards_its_range() -> None:
@@ -41,3 +42,35 @@ def test_tiny_reproduction_writes_data_and_headline(tmp_path: Path) -> None:
     law = head["worker_law"]["7b"]
     assert law["max_miss_workers"] == 0  # two rates: the line passes through both
     assert (tmp_path / "gpus_vs_rate.png").stat().st_size > 0
+
+
+def test_split_phase_arms_count_decode_gpus(tmp_path: Path) -> None:
+    sc = Scenario("7b", "llama-2-7b", "a100-80gb", 1, 400, 15)
+    plan = Plan(
+        (sc,),
+        (2.0, 6.0),
+        6.0,
+        arms=(ARMS[0], *SPLIT_ARMS[:2]),
+        max_workers=3,
+        split_rates=(6.0,),
+    )
+    assert plan.rates_for(SPLIT_ARMS[0]) == (6.0,) and plan.rates_for(ARMS[0]) == (2.0, 6.0)
+    assert prefill_workers(sc, 6.0) == 1 and prefill_workers(sc, 200.0) > 1
+    rep = reproduce(plan, tmp_path)
+    split = rep.gpus[rep.gpus["arm"].str.endswith("-split")]
+    assert list(split["rate"]) == [6.0, 6.0] and (split["attainment"] >= 0.99).all()
+    assert set(rep.headline["ours"]["7b"]) == {"split vs jsq-split"}
+
+
+@pytest.mark.parametrize(
+    ("rates", "needle"), [("x", "rates: 'x'"), ("0", "rates: '0'"), (",", "rates: ','")]
+)
+def test_reproduce_rates_bad_input_is_one_line(
+    rates: str,
+    needle: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("reproduce", "aladdin", "--quick", "--rates", rates, "--out", str(tmp_path))
+    assert_user_error(run_main(monkeypatch, capsys, *args), needle)

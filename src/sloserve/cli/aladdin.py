@@ -78,6 +78,16 @@ def _degrees(v: str) -> list[int]:
     return out
 
 
+def _rates(v: str) -> tuple[float, ...]:
+    try:
+        out = tuple(float(x) for x in v.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"rates: {v!r} is not a comma-separated list of numbers") from None
+    if not out or not all(0 < r <= 10_000 for r in out):
+        raise ConfigError(f"rates: {v!r} must name rates in (0, 10000] req/s")
+    return out
+
+
 @aladdin_app.command("config")
 def aladdin_config(
     model: Annotated[str, typer.Option("--model", help="Catalog model.")] = "llama-2-70b",
@@ -146,15 +156,31 @@ def aladdin_config(
 def reproduce_aladdin(
     out: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("runs/aladdin"),
     quick: Annotated[
-        bool, typer.Option("--quick", help="One scenario, two rates (well under a minute).")
+        bool,
+        typer.Option(
+            "--quick",
+            help="Llama-2-70B on the PCIe A100 testbed, three rates, 30 s each (a few minutes).",
+        ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Workload seed.", min=0)] = 0,
+    rates: Annotated[
+        str | None,
+        typer.Option(
+            "--rates", help="Arrival rates (req/s, comma-separated) instead of the plan's."
+        ),
+    ] = None,
 ) -> None:
     """Aladdin §6.4 (Fig. 11) in simulation: the fewest GPUs meeting the SLOs per router and
     rate, Aladdin's analytic N_w beside them, and the headline beside the paper's."""
+    import dataclasses
+
     from sloserve.experiments.aladdin import Plan, reproduce
 
     plan = Plan.quick(seed) if quick else Plan.full(seed)
+    if rates is not None:
+        chosen = _rates(rates)
+        split = None if plan.split_rates is None else (max(chosen),)
+        plan = dataclasses.replace(plan, rates=chosen, split_rates=split)
     rep = reproduce(plan, out)
     t = Table("scenario", "arm", "rate", "GPUs", "attainment", title="GPUs needed for the SLOs")
     for r in rep.gpus.itertuples():

@@ -60,6 +60,7 @@ from sloserve.cluster.controller import (
     RemoveReplica,
     ReorderQueue,
     Requeue,
+    Reroute,
 )
 from sloserve.cluster.handoff import KVHandoff, TransferTime, pools, queue_key
 from sloserve.cluster.replica import InstanceFactory, Replica, ReplicaSpec, SimReplicaView
@@ -266,12 +267,10 @@ class Cluster:
             rep.leave_time = self.env.now
         inst = rep.instance
         rep.instance = None
-        if self.controller is not None and self.controller.wants_events:
-            self._apply(
-                self.controller.on_event(
-                    Event("failure", self.env.now, replica=rep.replica_id), self.view
-                )
-            )
+        ctl = self.controller
+        if ctl is not None and ctl.wants_events:
+            ev = Event("failure", self.env.now, replica=rep.replica_id)
+            self._apply(ctl.on_event(ev, self.view))
         if inst is not None:
             self._requeue(inst.evacuate(), rep.spec.model)
         if self.handoff is not None:  # its KV transfers in flight are lost: from scratch
@@ -536,6 +535,10 @@ class Cluster:
                 rep = self._replica(a.replica)
                 if rep.instance is not None and rep.holds:
                     self._requeue(rep.instance.evacuate(), rep.spec.model)
+            elif isinstance(a, Reroute):
+                moved = self._replica(a.replica).withdraw_unstarted(a.req_id)
+                if moved is not None:
+                    self._route_or_queue(moved, queue_key(moved))
             elif isinstance(a, ReorderQueue):
                 q = self.queue.get(a.model, [])
                 ids = set(a.req_ids)

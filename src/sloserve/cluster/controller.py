@@ -14,6 +14,10 @@ Actions and what the cluster does with them:
   holds, loads ``model`` (``LOADING``, paying the load time) and serves it.
 - :class:`Requeue` ``(replica)``: every request the replica holds goes back to the global
   queue and is routed again, from scratch (like a failover: counted in ``failovers``).
+- :class:`Reroute` ``(replica, req_id)``: if that request is still waiting on the replica
+  and has not started there (nothing computed, never admitted), it leaves the replica and
+  is routed again, like a new arrival (Aladdin's re-balancing moves placed, unstarted
+  requests); a request that started, ended or is elsewhere stays where it is.
 - :class:`ReorderQueue` ``(model, req_ids)``: those queued requests move to the front of
   that model's global queue, in that order (later arrivals are inserted by priority and
   arrival among the rest).
@@ -63,12 +67,18 @@ class Requeue:
 
 
 @dataclass(frozen=True, slots=True)
+class Reroute:
+    replica: int
+    req_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReorderQueue:
     model: str
     req_ids: tuple[int, ...]
 
 
-Action = AddReplica | RemoveReplica | ChangeModel | Requeue | ReorderQueue
+Action = AddReplica | RemoveReplica | ChangeModel | Requeue | Reroute | ReorderQueue
 
 
 @dataclass(frozen=True, slots=True)

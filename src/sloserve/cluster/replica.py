@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sloserve.cluster.view import ReplicaStatus, RouteRequest
-from sloserve.core.request import RequestStatus
+from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
 from sloserve.engine.instance import Instance
 
@@ -87,6 +87,25 @@ class Replica:
 
     def preemptions(self) -> int:
         return sum(i.num_preemptions for i in self.incarnations)
+
+    def withdraw_unstarted(self, req_id: int) -> Request | None:
+        """Take ``req_id`` out of the waiting queue if it has not started here (WAITING
+        with nothing computed: never admitted, so it holds no KV and is in no batch in
+        flight); None, and nothing changes, otherwise. The policy forgets it, as when a
+        request leaves a replica after its prefill (a hand-off)."""
+        inst = self.instance
+        if inst is None:
+            return None
+        for k, r in enumerate(inst.waiting):
+            if r.req_id == req_id:
+                if r.status is not RequestStatus.WAITING or r.num_computed_tokens:
+                    return None
+                del inst.waiting[k]
+                inst.kv.forget(req_id)
+                inst.scheduler.on_finish(r, inst.env.now)
+                r.instance_id = -1
+                return r
+        return None
 
     def kv_usage_mean(self) -> float | None:
         num = den = 0.0

@@ -200,8 +200,15 @@ def simulate_cluster(
     rparams = dict(ccfg.router_params)
     seed = int(rparams.pop("seed", cfg.workload.seed))
     router = make_router(ccfg.router, rparams, seed=seed)
-    _bind_router(router, profiles[0], gcfgs[0], reqs)
     pd = ccfg.disaggregated
+    # Its own router state (a rotation over decode replicas, its own draws).
+    decode_router = make_router(ccfg.router, rparams, seed=seed) if pd else None
+    split = getattr(router, "split_phases", None)
+    if decode_router is not None and split is not None:  # Aladdin's split phases (§5.1)
+        split(decode_router)
+        dg = next(i for i, g in enumerate(ccfg.replicas) if g.role == "decode")
+        _bind_router(decode_router, profiles[dg], gcfgs[dg], reqs)
+    _bind_router(router, profiles[0], gcfgs[0], reqs)
     # A router that is also a controller (QLM's) is the cluster's controller.
     controller: Any = UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None
     if isinstance(router, QLMRouter):
@@ -225,8 +232,7 @@ def simulate_cluster(
         trace_decisions=ccfg.trace_decisions,
         servable=served,
         kv_transfer=_kv_transfer(ccfg, profiles) if pd else None,
-        # Its own router state (a rotation over decode replicas, its own draws).
-        decode_router=make_router(ccfg.router, rparams, seed=seed) if pd else None,
+        decode_router=decode_router,
     )
     if isinstance(router, QLMRouter):
         router.bind(qlm_hooks(clu, reqs, gcfgs, registry))

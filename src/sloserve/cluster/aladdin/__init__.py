@@ -2,7 +2,8 @@
 
 One module per concept: ``perf_models`` (§3 fits), ``allreduce`` and ``worker_config``
 (§4.1), ``lengths`` (§2.3/§4.3 output-length prediction), ``placement`` (§4.2 Alg. 1),
-``router`` (the ``aladdin`` router and heartbeat scaler, §5.2) and ``gpu_count`` (the
+``rebalance`` (§4.3 Alg. 2), ``router`` (the ``aladdin`` router: heartbeat scaling §5.2,
+split prefill/decode §5.1, grouped scheduling Appendix A) and ``gpu_count`` (the
 analytic worker count N_w = ⌈k5·r_a + c5⌉). Paper: ``../shared/papers/aladdin.txt``.
 """
 
@@ -16,6 +17,8 @@ from sloserve.cluster.aladdin.perf_models import (
     samples_from_cost_model,
     samples_from_csv,
 )
+from sloserve.cluster.aladdin.placement import Placement, Slo
+from sloserve.cluster.aladdin.rebalance import Move, Rebalancer
 from sloserve.cluster.aladdin.worker_config import (
     TPOption,
     WorkerConfig,
@@ -26,9 +29,13 @@ from sloserve.cluster.aladdin.worker_config import (
 __all__ = [
     "AllReduceFit",
     "LengthPredictor",
+    "Move",
     "OracleLengths",
     "PerfModels",
     "PerfSamples",
+    "Placement",
+    "Rebalancer",
+    "Slo",
     "TPOption",
     "WorkerConfig",
     "choose_worker_config",

@@ -42,6 +42,10 @@ class LengthPredictor:
         overall = np.sort(o)
         self._outputs = [x if len(x) else overall for x in self._outputs]
         self._means = [math.ceil(float(x.mean())) for x in self._outputs]
+        # Mean of each bin's outputs from index i on: a re-prediction is a lookup.
+        self._tail_means = [
+            np.cumsum(x[::-1])[::-1] / np.arange(len(x), 0, -1) for x in self._outputs
+        ]
         self.mean_prompt = float(p.mean())
         self.mean_output = float(o.mean())
 
@@ -54,9 +58,10 @@ class LengthPredictor:
 
     def repredict(self, prompt: int, generated: int, true_output: int | None = None) -> int:
         """The mean of the bin's outputs longer than ``generated`` (module docstring)."""
-        x = self._outputs[self._bin(prompt)]
-        longer = x[np.searchsorted(x, generated, side="right") :]
-        return math.ceil(float(longer.mean())) if len(longer) else generated + 1
+        b = self._bin(prompt)
+        i = int(np.searchsorted(self._outputs[b], generated, side="right"))
+        tail = self._tail_means[b]
+        return math.ceil(float(tail[i])) if i < len(tail) else generated + 1
 
 
 class OracleLengths(LengthPredictor):

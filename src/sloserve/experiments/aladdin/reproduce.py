@@ -14,8 +14,13 @@ import pandas as pd
 from sloserve.cluster.aladdin.gpu_count import fit_worker_law
 from sloserve.experiments.aladdin.plan import Arm, Plan, Scenario
 
-PAPER = {"vs vllm-default": -0.71, "vs jsq-optimal": -0.40}
-"""Aladdin §6.4 (Fig. 11): GPU reductions at the highest rate."""
+PAPER = {
+    "vs vllm-default": -0.71,
+    "vs jsq-optimal": -0.40,
+    "split vs jsq-split": -0.60,
+    "split vs power-of-two-split": -0.49,
+}
+"""Aladdin §6.4 (Fig. 11; Fig. 12 for the decode GPUs of split phases): GPU reductions."""
 
 
 @dataclass
@@ -46,9 +51,9 @@ def run_once(plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int) -> f
     from sloserve.experiments.runner import SimConfig
 
     tp = sc.machine_gpus if arm.default_worker else sc.tp
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = dict(arm.params)
     if arm.router == "aladdin":
-        params = {
+        params |= {
             "slo_ttft_ms": sc.ttft_ms,
             "slo_atgt_ms": sc.atgt_ms,
             "gamma": plan.gamma,
@@ -63,10 +68,28 @@ def run_once(plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int) -> f
         },
         "instance": {"profile": sc.profile(tp)},
     }
-    cluster = {"replicas": [{"count": workers}], "router": arm.router, "router_params": params}
+    replicas: list[dict[str, Any]] = [{"count": workers}]
+    if arm.split:
+        replicas = [
+            {"role": "prefill", "count": prefill_workers(sc, rate)},
+            {"role": "decode", "count": workers},
+        ]
+    cluster = {"replicas": replicas, "router": arm.router, "router_params": params}
     sim = validate(SimConfig, cfg, "aladdin plan")
     res = simulate_cluster(sim, ClusterConfig.load(cluster, "aladdin plan: cluster"))
     return attainment(res.table, sc)
+
+
+def prefill_workers(sc: Scenario, rate: float) -> int:
+    """Split phases: prefill workers at most half busy, ``⌈2·r·t_pre(mean prompt)⌉``."""
+    import math
+
+    from sloserve.cluster.aladdin import fit_profile
+    from sloserve.cluster.aladdin.lengths import history
+
+    prompts, _ = history("sharegpt")
+    t_pre = fit_profile(sc.profile(sc.tp)).prefill_s(float(prompts.mean()))
+    return max(1, math.ceil(2 * rate * t_pre))
 
 
 def fewest(plan: Plan, sc: Scenario, arm: Arm, rate: float) -> tuple[int, float]:
@@ -92,7 +115,7 @@ def reproduce(
     for sc in plan.scenarios:
         for arm in plan.arms:
             per = sc.machine_gpus if arm.default_worker else sc.tp
-            for rate in plan.rates:
+            for rate in plan.rates_for(arm):
                 w, a = fewest(plan, sc, arm, rate)
                 rows.append(
                     {
@@ -111,18 +134,26 @@ def reproduce(
     for sc in plan.scenarios:
         d = df[df["scenario"] == sc.name]
         al = d[d["arm"] == "aladdin"].sort_values("rate")
-        law = fit_worker_law(al["rate"].tolist(), al["workers"].tolist())
-        head["worker_law"][sc.name] = {
-            "k5": law.k5,
-            "c5": law.c5,
-            "max_miss_workers": law.max_miss,
-            "predicted": {str(r): law.predict(r) * sc.tp for r in al["rate"]},
-            "simulated": {str(r): int(g) for r, g in zip(al["rate"], al["gpus"], strict=True)},
-        }
+        if len(al) >= 2:  # Eq. 7 needs two rates
+            law = fit_worker_law(al["rate"].tolist(), al["workers"].tolist())
+            head["worker_law"][sc.name] = {
+                "k5": law.k5,
+                "c5": law.c5,
+                "max_miss_workers": law.max_miss,
+                "predicted": {str(r): law.predict(r) * sc.tp for r in al["rate"]},
+                "simulated": {str(r): int(g) for r, g in zip(al["rate"], al["gpus"], strict=True)},
+            }
         top = d[d["rate"] == max(plan.rates)].set_index("arm")["gpus"]
-        head["ours"][sc.name] = {
-            f"vs {b}": float(top["aladdin"] / top[b] - 1) for b in top.index if b != "aladdin"
-        }
+        ours: dict[str, float] = {}
+        for ref, prefix in (("aladdin", "vs"), ("aladdin-split", "split vs")):
+            split = ref == "aladdin-split"
+            if ref in top.index:
+                ours |= {
+                    f"{prefix} {b}": float(top[ref] / top[b] - 1)
+                    for b in top.index
+                    if b != ref and b.endswith("-split") == split
+                }
+        head["ours"][sc.name] = ours
     df.to_csv(out / "gpus.csv", index=False)
     (out / "headline.json").write_text(json.dumps(head, indent=2))
     from sloserve.experiments.aladdin.figures import gpus_figure
