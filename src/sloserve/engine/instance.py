@@ -46,6 +46,7 @@ from sloserve.engine.interface import (
     SchedulerOutput,
 )
 from sloserve.engine.kv import KVCacheManager, PagedKVManager
+from sloserve.engine.prefix_cache import refresh_queued, release_queued_prefixes, reuse_prefix
 from sloserve.metrics.summary import token_times
 
 
@@ -134,6 +135,7 @@ class Instance:
         """Set on a prefill replica: called with each request that leaves after its first
         token (module docstring)."""
         self.num_handed_off = 0
+        self._refreshed_at = 0  # prefix-cache units registered at the last queued refresh
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -186,6 +188,7 @@ class Instance:
             self._done(req)
             return
         self.kv.note_class(req.req_id, req.req_class)
+        reuse_prefix(self, req)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -242,7 +245,10 @@ class Instance:
         self.view.now = now
         if self.incoming:
             self._admit_incoming(now)
+        refresh_queued(self)
         out = self.scheduler.schedule(self.view)
+        if not out.batch and release_queued_prefixes(self, out):
+            out = self.scheduler.schedule(self.view)  # queued requests held the blocks
         if out.empty:
             self._busy = False
             if self.num_live and env.peek() == math.inf:
@@ -304,6 +310,7 @@ class Instance:
         tokens, prefill, _admitted = check_batch(self, out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
+        requeued: list[Request] = []
         for r, mode in out.preempt:
             self.running.remove(r)
             self.num_preemptions += 1
@@ -319,6 +326,7 @@ class Instance:
             else:
                 kv.free(r.req_id)
                 r.preempt_recompute(now)
+                requeued.append(r)
                 bisect.insort(self.waiting, r, key=_arrival_key)
         for r in out.swap_in:
             moved = kv.swap_in(r.req_id)
@@ -362,8 +370,9 @@ class Instance:
                 f"{n_decode} decodes need {kv.decode_blocks_needed(decode_ids)} blocks, "
                 f"{kv.num_free_blocks} free",
             )
-
-        swap_tokens += kv.take_transfer_tokens()  # lazy checkpoints and restores (BROS)
+        for r in requeued:  # after the batch: what was checked to fit stays free for it
+            reuse_prefix(self, r)
+        swap_tokens += kv.take_transfer_tokens()  # BROS's restores; prefix-cache CPU hits
         cm = self.cost_model
         stats = BatchStats(
             num_prefill_tokens=prefill,

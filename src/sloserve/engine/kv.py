@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sloserve.core.errors import SloserveError
-from sloserve.core.request import RequestClass
+from sloserve.core.request import Request, RequestClass
 
 
 class KVInvariantError(SloserveError, AssertionError):
@@ -75,6 +75,12 @@ class KVCacheManager(ABC):
     def forget(self, req_id: int) -> None:  # noqa: B027
         """The request ended (its KV already freed): drop what :meth:`note_class` kept
         about it; ignored by default."""
+
+    def lookup_prefix(self, req: Request) -> int:
+        """``req`` was just queued here holding no KV: take the longest cached prefix of its
+        prompt and return its length in tokens, which the request now holds (prefix
+        caching, :mod:`~sloserve.engine.prefix_cache`); 0 by default (no cache)."""
+        return 0
 
     def take_transfer_tokens(self) -> int:
         """KV tokens the manager itself moved between GPU and CPU since the last call
