@@ -82,6 +82,11 @@ class KVCacheManager(ABC):
         caching, :mod:`~sloserve.engine.prefix_cache`); 0 by default (no cache)."""
         return 0
 
+    def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
+        """Tokens of a prompt's prefix cached here (GPU and CPU tiers), changing nothing:
+        what a cache-aware router reads; 0 by default (no cache)."""
+        return 0
+
     def take_transfer_tokens(self) -> int:
         """KV tokens the manager itself moved between GPU and CPU since the last call
         (BROS's lazy checkpoints and restores), for the instance to price; 0 by default."""

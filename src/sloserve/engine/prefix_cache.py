@@ -47,6 +47,7 @@ prefixes (:func:`release_queued_prefixes`) and asks its policy again.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -64,25 +65,26 @@ SOURCE_BLOCK_TOKENS = 512
 _MIX = 0x9E3779B97F4A7C15
 
 
+@functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
 def unit_keys(
-    hash_ids: Sequence[int], prompt_tokens: int, unit_tokens: int, source_tokens: int
-) -> list[int]:
+    hash_ids: tuple[int, ...], prompt_tokens: int, unit_tokens: int, source_tokens: int
+) -> tuple[int, ...]:
     """Keys of the full cache units of a prompt (module docstring): unit ``i`` is keyed by
     the chained hash of the trace blocks up to the one holding its last token, and its
     end. Only units inside the prompt and covered by ``hash_ids`` have a key."""
     covered = min(prompt_tokens, len(hash_ids) * source_tokens)
     n = covered // unit_tokens
     if n == 0:
-        return []
+        return ()
     chain: list[int] = []
     h = 0
     for block in hash_ids[: ((n * unit_tokens) - 1) // source_tokens + 1]:
         h = hash((h, block))
         chain.append(h)
-    return [
+    return tuple(
         hash((chain[(end - 1) // source_tokens], end))
         for end in range(unit_tokens, n * unit_tokens + 1, unit_tokens)
-    ]
+    )
 
 
 class PrefixCachingKVManager(PagedKVManager):
@@ -112,7 +114,7 @@ class PrefixCachingKVManager(PagedKVManager):
         self._ref: dict[int, int] = {}  # key -> requests holding it
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
-        self._keys: dict[int, list[int]] = {}  # request -> keys of its prompt's units
+        self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
         self._held: dict[int, list[int]] = {}  # request -> keys it references (a prefix)
         self._open: set[int] = set()  # requests that still register their new units
         self._transfer = 0
@@ -139,15 +141,19 @@ class PrefixCachingKVManager(PagedKVManager):
     def _reclaim(self, need: int) -> None:
         """Evict LRU cached units until ``need`` blocks are on the free list (or none is
         left to evict)."""
-        free, lru, index = self._free, self._lru, self._index
-        while len(free) < need and lru:
-            key, _ = lru.popitem(last=False)
-            blocks = index.pop(key)
-            del self._ref[key]
-            free.extend(reversed(blocks))
-            self.evicted_units += 1
-            if self.cpu_cache_units:
-                host = self._host
+        free, lru, index, ref = self._free, self._lru, self._index, self._ref
+        # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
+        n = min(len(lru), -(-(need - len(free)) // self.unit_blocks))
+        if n <= 0:
+            return
+        self.evicted_units += n
+        host = self._host if self.cpu_cache_units else None
+        popitem = lru.popitem
+        for _ in range(n):
+            key = popitem(last=False)[0]
+            free.extend(index.pop(key))
+            del ref[key]
+            if host is not None:
                 host[key] = None
                 host.move_to_end(key)
                 if len(host) > self.cpu_cache_units:
@@ -214,6 +220,16 @@ class PrefixCachingKVManager(PagedKVManager):
             self._tokens[rid] = len(held) * self.unit_tokens
         return gained
 
+    def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
+        keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
+        index, host = self._index, self._host
+        n = 0
+        for key in keys:
+            if key not in index and key not in host:
+                break
+            n += 1
+        return n * self.unit_tokens
+
     def take_transfer_tokens(self) -> int:
         moved, self._transfer = self._transfer, 0
         return moved
@@ -249,7 +265,10 @@ class PrefixCachingKVManager(PagedKVManager):
     # ------------------------------------------------------------------ allocation
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
         if self._lru:
-            need = self.blocks_needed(req_id, n_new_tokens)
+            table = self._tables.get(req_id)
+            need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - (
+                len(table) if table is not None else 0
+            )
             if need > len(self._free):
                 if need > self.num_free_blocks:
                     return None
