@@ -25,6 +25,16 @@ def mgr(blocks: int = 16, cpu_cache: int = 0) -> PrefixCachingKVManager:
     return PrefixCachingKVManager(blocks, 4, 8, cpu_cache_blocks=cpu_cache, source_block_tokens=8)
 
 
+def grow(kv: PrefixCachingKVManager, rid: int, n: int) -> bool:
+    """Allocate ``n`` tokens and compute them (an iteration ends: full units get cached)."""
+    if kv.allocate(rid, n) is None:
+        return False
+    done = Request(rid, 0.0, 10**6, 1)
+    done.num_computed_tokens = kv.num_tokens(rid)
+    kv.retired([(done, n)])
+    return True
+
+
 def rq(rid: int, ids: tuple[int, ...], prompt: int, out: int = 4, at: float = 0.0) -> Request:
     return Request(rid, at, prompt, out, hash_ids=ids)
 
@@ -46,13 +56,13 @@ def test_second_request_reuses_the_shared_units_and_only_they_are_shared() -> No
     kv = mgr()
     a = rq(1, (10, 11, 12), 20)
     assert kv.lookup_prefix(a) == 0
-    kv.allocate(1, 20)  # 5 blocks: units 0 and 1 (16 tokens) become cached
+    grow(kv, 1, 20)  # 5 blocks: units 0 and 1 (16 tokens) become cached
     b = rq(2, (10, 11, 13), 24)
     assert kv.lookup_prefix(b) == 16  # two shared units; the third differs
     assert kv.num_tokens(2) == 16 and kv.num_request_blocks(2) == 0  # all shared
     assert kv._tables[2][:4] == kv._tables[1][:4]
     assert kv.blocks_needed(2, 8) == 2
-    kv.allocate(2, 8)
+    grow(kv, 2, 8)
     kv.check_invariants()
     assert kv.num_free_blocks == 16 - 5 - 2
     # Freeing (or preempting) one request keeps the shared units for the other.
@@ -65,7 +75,7 @@ def test_second_request_reuses_the_shared_units_and_only_they_are_shared() -> No
 def test_a_full_hit_leaves_one_token_to_compute() -> None:
     kv = mgr()
     kv.lookup_prefix(rq(1, (1, 2), 16))
-    kv.allocate(1, 16)
+    grow(kv, 1, 16)
     kv.free(1)
     assert kv.lookup_prefix(rq(2, (1, 2), 16)) == 8  # not 16: the last token must run
     assert kv.lookup_prefix(rq(3, (1, 2), 17)) == 16
@@ -75,11 +85,11 @@ def test_eviction_is_lru_over_unreferenced_units_tail_first() -> None:
     kv = mgr(blocks=8)
     for rid, ids in ((1, (1, 2)), (2, (3, 4))):
         kv.lookup_prefix(rq(rid, ids, 17))
-        kv.allocate(rid, 16)
+        grow(kv, rid, 16)
         kv.free(rid)  # request 1's units cached first, then request 2's
     assert kv.num_free_blocks == 8 and kv.num_cached_blocks == 8
     kv.lookup_prefix(rq(9, (3, 4), 17))  # touches request 2's units: now most recent
-    kv.allocate(9, 8)  # needs 2 new blocks: evicts request 1's tail unit only
+    grow(kv, 9, 8)  # needs 2 new blocks: evicts request 1's tail unit only
     kv.check_invariants()
     assert kv.evicted_units == 1
     assert kv.lookup_prefix(rq(5, (1, 2), 17)) == 8  # request 1's head unit survived
@@ -87,29 +97,31 @@ def test_eviction_is_lru_over_unreferenced_units_tail_first() -> None:
 
 
 def test_cpu_tier_keeps_evicted_units_and_prices_their_transfer() -> None:
-    kv = mgr(blocks=4, cpu_cache=8)
+    kv = mgr(blocks=6, cpu_cache=8)
     kv.lookup_prefix(rq(1, (1, 2), 17))
-    kv.allocate(1, 16)
+    grow(kv, 1, 16)
     kv.free(1)
     kv.lookup_prefix(rq(2, (5, 6), 17))
-    kv.allocate(2, 16)  # evicts both units of request 1 into the CPU tier
+    grow(kv, 2, 16)  # 2 free blocks + request 1's tail unit, evicted to the CPU tier
     kv.free(2)
-    assert kv.take_transfer_tokens() == 0
-    assert kv.lookup_prefix(rq(3, (1, 2), 17)) == 16
-    assert kv.hit_tokens_cpu == 16 and kv.take_transfer_tokens() == 16
+    assert kv.evicted_units == 1 and kv.take_transfer_tokens() == 0
+    assert kv.lookup_prefix(rq(3, (1, 2), 17)) == 16  # head on the GPU, tail from the CPU
+    assert kv.hit_tokens_cpu == 8 and kv.take_transfer_tokens() == 0
+    grow(kv, 3, 1)  # admitted: the copy is priced in this iteration
+    assert kv.take_transfer_tokens() == 8
     kv.check_invariants()
-    without = mgr(blocks=4)
+    without = mgr(blocks=6)
     for rid, ids in ((1, (1, 2)), (2, (5, 6))):
         without.lookup_prefix(rq(rid, ids, 17))
-        without.allocate(rid, 16)
+        grow(without, rid, 16)
         without.free(rid)
-    assert without.lookup_prefix(rq(3, (1, 2), 17)) == 0
+    assert without.lookup_prefix(rq(3, (1, 2), 17)) == 8
 
 
 def test_invariant_check_catches_a_corrupted_reference_count() -> None:
     kv = mgr()
     kv.lookup_prefix(rq(1, (1, 2), 17))
-    kv.allocate(1, 17)
+    grow(kv, 1, 17)
     key = next(iter(kv._ref))
     kv._ref[key] += 1
     with pytest.raises(KVInvariantError):
@@ -142,7 +154,7 @@ def test_blocks_are_conserved_and_counts_never_negative(
             assert hit % 8 == 0 and kv.num_tokens(rid) == hit
             queued.add(rid)
         elif op == "grow" and rid in queued | live:
-            if kv.allocate(rid, n) is not None:
+            if grow(kv, rid, n):
                 queued.discard(rid)
                 live.add(rid)
         elif op == "free" and rid in queued | live:

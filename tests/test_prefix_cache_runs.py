@@ -30,7 +30,7 @@ COST = LinearCostModel(
     kv_bytes_per_token=1000,
     swap_bytes_per_s=1e9,
 )
-POLICIES = ["vllm", "sarathi", "andes", "edf", "rr", "sarathi-ef", "vllm-hy"]
+POLICIES = ["vllm", "sarathi", "andes", "edf", "rr", "sarathi-ef", "vllm-hy", "bros-nobicache"]
 
 
 def serve(

@@ -7,9 +7,9 @@ ends the instance emits tokens and finishes requests. Timing: a request is admit
 KV allocated when its iteration starts; its tokens are delivered when the iteration ends.
 
 Beside this file: :mod:`~sloserve.engine.checks` validates each policy output before
-anything changes, and :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch up
-to the next event in one step (the same result as stepping; ``multi_step=False`` turns it
-off, tests compare the two).
+anything changes, :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch up to
+the next event in one step (the same result as stepping; ``multi_step=False`` turns it
+off, tests compare the two), :mod:`~sloserve.engine.prefix_cache` reuses cached prefixes.
 
 Disaggregated prefill/decode (the cluster sets these; a single replica uses neither, and
 its path is unchanged): with :attr:`Instance.hand_off` set (a prefill replica) a request
@@ -34,6 +34,7 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine import prefix_cache
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
 from sloserve.engine.fastpath import apply_run, plan_run
@@ -46,7 +47,6 @@ from sloserve.engine.interface import (
     SchedulerOutput,
 )
 from sloserve.engine.kv import KVCacheManager, PagedKVManager
-from sloserve.engine.prefix_cache import refresh_queued, release_queued_prefixes, reuse_prefix
 from sloserve.metrics.summary import token_times
 
 
@@ -135,7 +135,6 @@ class Instance:
         """Set on a prefill replica: called with each request that leaves after its first
         token (module docstring)."""
         self.num_handed_off = 0
-        self._refreshed_at = 0  # prefix-cache units registered at the last queued refresh
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -188,7 +187,7 @@ class Instance:
             self._done(req)
             return
         self.kv.note_class(req.req_id, req.req_class)
-        reuse_prefix(self, req)
+        prefix_cache.queue_lookup(self, req)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -245,10 +244,9 @@ class Instance:
         self.view.now = now
         if self.incoming:
             self._admit_incoming(now)
-        refresh_queued(self)
+        prefix_cache.refresh_queued(self)
         out = self.scheduler.schedule(self.view)
-        if not out.batch and release_queued_prefixes(self, out):
-            out = self.scheduler.schedule(self.view)  # queued requests held the blocks
+        out = prefix_cache.unblock(self, out)  # no batch: queued requests release prefixes
         if out.empty:
             self._busy = False
             if self.num_live and env.peek() == math.inf:
@@ -371,7 +369,7 @@ class Instance:
                 f"{kv.num_free_blocks} free",
             )
         for r in requeued:  # after the batch: what was checked to fit stays free for it
-            reuse_prefix(self, r)
+            prefix_cache.reuse_prefix(self, r)
         swap_tokens += kv.take_transfer_tokens()  # BROS's restores; prefix-cache CPU hits
         cm = self.cost_model
         stats = BatchStats(
@@ -467,6 +465,8 @@ class Instance:
                         runs.append(first)
                     if r.num_output_tokens >= r.true_output_len:
                         finished.append(r)
+        if self.kv.registering:  # prefix caching: cache the prompt units computed now
+            self.kv.retired(pending.batch)
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)

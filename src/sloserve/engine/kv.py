@@ -76,6 +76,14 @@ class KVCacheManager(ABC):
         """The request ended (its KV already freed): drop what :meth:`note_class` kept
         about it; ignored by default."""
 
+    @property
+    def registering(self) -> bool:
+        """Whether :meth:`retired` wants the batches that end (prefix caching)."""
+        return False
+
+    def retired(self, batch: Sequence[tuple[Request, int]]) -> None:  # noqa: B027
+        """An iteration of ``batch`` ended (called only while :attr:`registering`)."""
+
     def lookup_prefix(self, req: Request) -> int:
         """``req`` was just queued here holding no KV: take the longest cached prefix of its
         prompt and return its length in tokens, which the request now holds (prefix

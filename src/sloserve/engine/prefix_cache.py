@@ -19,18 +19,22 @@ ints), 64 bits wide.
 **Lifecycle** (vLLM's, at unit grain — the choice that keeps the bookkeeping O(units of
 the prompt), about 24 per Mooncake request instead of 750 blocks):
 
-- When a request is queued on a replica (arrival, or a recompute preemption),
+- A request that arrives on a replica looks its prefix up at the replica's next decision
+  (:func:`refresh_queued`; a recompute-preempted one when it is requeued):
   :meth:`PrefixCachingKVManager.lookup_prefix` walks its keys and takes a reference on the
   longest chain of cached units (on the GPU, then in the CPU tier, whose units are copied
-  back into fresh GPU blocks and priced as a transfer by the cost model's ``swap_time``).
-  The request then *holds* those blocks while it waits, and its ``num_computed_tokens``
-  starts there (the instance sets it; the state machine does not change). At least one
-  prompt token is always left to compute (the last one must run to emit a token), as vLLM
-  does.
-- When a request's KV grows over a full unit of its prompt, the unit is registered in the
-  cache (at allocation, as vLLM v1's ``allocate_slots`` does). A unit whose key is already
-  cached (two requests computing the same prefix at once) stays private, and so does the
-  rest of that request's prompt.
+  back into fresh GPU blocks and priced as a transfer by the cost model's ``swap_time`` in
+  the iteration that admits the request). The request then *holds* those blocks while it
+  waits, and its ``num_computed_tokens`` starts there (the instance sets it; the state
+  machine does not change). At least one prompt token is always left to compute (the
+  last one must run to emit a token), as vLLM does. The oldest queued requests
+  (:data:`REFRESH_HEAD`) retry when the cache has grown, after a request arrived or ended:
+  a turn queued behind the one computing its prefix still reuses it.
+- A full unit of a prompt is registered in the cache when an iteration that computed it
+  ends (``retired``; vLLM registers at allocation, one iteration earlier: registering at
+  the end keeps a fast-forwarded run and single steps identical). A unit whose key is
+  already cached (two requests computing the same prefix at once) stays private, and so
+  does the rest of that request's prompt.
 - Freeing a request drops its references; a unit nobody references stays cached and joins
   the LRU list (tail units first, so that a prompt's tail is evicted before its head). It
   is evicted, whole, only when the allocator needs blocks; with a CPU tier its key then
@@ -38,11 +42,13 @@ the prompt), about 24 per Mooncake request instead of 750 blocks):
   recompute.
 - ``num_free_blocks`` counts free blocks plus cached units nobody references: a policy sees
   cached memory as free, so with no prefix shared every decision is the one it would take
-  without caching.
+  without caching. ``num_request_blocks`` (what preempting a request frees) counts only
+  the blocks it alone holds.
 
-A waiting request holding cached blocks could, in theory, keep a replica idle (every block
-held by queued requests, none running): the instance then releases the queued requests'
-prefixes (:func:`release_queued_prefixes`) and asks its policy again.
+A waiting request holding cached blocks could keep a replica from running anything (its
+blocks are what the running ones need): when a policy schedules no batch, the queued
+requests release their prefixes (:func:`release_queued_prefixes`) and the instance asks
+the policy again.
 """
 
 from __future__ import annotations
@@ -118,8 +124,13 @@ class PrefixCachingKVManager(PagedKVManager):
         self._held: dict[int, list[int]] = {}  # request -> keys it references (a prefix)
         self._open: set[int] = set()  # requests that still register their new units
         self._transfer = 0
+        # CPU-tier hits are priced in the iteration that admits their request (the copy
+        # overlaps nothing before it), so that single steps and fast runs price them alike.
+        self._copying: dict[int, int] = {}
         self.registered = 0  # units ever registered: a queued request retries when it grows
-        self._dirty = False  # a request was freed or looked up since the last refresh
+        self._refreshed_at = 0  # ``registered`` at the last refresh of queued requests
+        self._ended_seen = 0  # requests ended on the instance at the last refresh
+        self.arrived: list[Request] = []  # queued since the last decision: to look up
         # Hit accounting (per replica): prompt tokens looked up, hits on GPU / CPU, and one
         # (tokens looked up, hit tokens) pair per lookup for a hit rate over time.
         self.lookup_tokens = 0
@@ -195,10 +206,13 @@ class PrefixCachingKVManager(PagedKVManager):
                 # Room for the copy without evicting what this request holds or needs.
                 if key not in host or len(self._free) + len(lru) * u < u:
                     break
+                del host[key]  # out while making room, so that room is not made with it
                 self._reclaim(u)
+                host[key] = None  # the host copy stays (newest), as LMCache keeps it
+                if len(host) > self.cpu_cache_units:
+                    host.popitem(last=False)
                 blocks = self._free[-u:]
                 del self._free[-u:]
-                host.move_to_end(key)
                 index[key] = blocks
                 ref[key] = 1
                 held.append(key)
@@ -209,11 +223,11 @@ class PrefixCachingKVManager(PagedKVManager):
         self.lookup_tokens += looked
         self.hit_tokens_gpu += (gpu - start) * self.unit_tokens
         self.hit_tokens_cpu += cpu * self.unit_tokens
-        self._transfer += cpu * self.unit_tokens
+        if cpu:
+            self._copying[rid] = self._copying.get(rid, 0) + cpu * self.unit_tokens
         if looked or gained:
             self.hit_log.append((looked, gained))
         self._open.add(rid)
-        self._dirty = True
         if held:
             self._held[rid] = held
             self._tables[rid] = table
@@ -233,6 +247,19 @@ class PrefixCachingKVManager(PagedKVManager):
     def take_transfer_tokens(self) -> int:
         moved, self._transfer = self._transfer, 0
         return moved
+
+    def retired(self, batch: Sequence[tuple[Request, int]]) -> None:
+        """An iteration (or fast-forwarded run) of ``batch`` ended: cache the prompt units
+        its requests have now computed. Called only while :attr:`registering`."""
+        open_ = self._open
+        for r, _n in batch:
+            if r.req_id in open_:
+                self._register(r.req_id, r.num_computed_tokens)
+
+    @property
+    def registering(self) -> bool:
+        """Some request still has prompt units to cache when it computes them."""
+        return bool(self._open)
 
     def _register(self, rid: int, tokens: int) -> None:
         """Cache the request's prompt units that ``tokens`` of KV now cover."""
@@ -274,8 +301,8 @@ class PrefixCachingKVManager(PagedKVManager):
                     return None
                 self._reclaim(need)
         new = super().allocate(req_id, n_new_tokens)
-        if new is not None and req_id in self._open:
-            self._register(req_id, self._tokens[req_id])
+        if new is not None and self._copying and req_id in self._copying:
+            self._transfer += self._copying.pop(req_id)
         return new
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
@@ -295,7 +322,7 @@ class PrefixCachingKVManager(PagedKVManager):
         )
 
     def free(self, req_id: int) -> int:
-        self._dirty = True
+        self._copying.pop(req_id, None)  # released before it ran: no copy was needed
         held = self._held.pop(req_id, None)
         self._open.discard(req_id)
         if not held:
@@ -315,22 +342,6 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def forget(self, req_id: int) -> None:
         self._keys.pop(req_id, None)
-
-    def shrink(self, req_id: int, n_tokens: int) -> None:
-        # A cut fast-forwarded run un-registers the units its cut iterations covered: in
-        # single steps they would not be allocated yet (no other request can hold them: the
-        # cut comes before the arrival that caused it looks anything up).
-        held = self._held.get(req_id)
-        if held:
-            keep = (self._tokens[req_id] - n_tokens) // self.unit_tokens
-            while len(held) > keep:
-                key = held.pop()
-                if self._ref[key] != 1:
-                    raise KVInvariantError(f"cut unit {key} is shared")
-                del self._ref[key], self._index[key]
-            if req_id in self._keys:
-                self._open.add(req_id)
-        super().shrink(req_id, n_tokens)
 
     # A request's shared units stay on the GPU for the others: preempting it frees (and
     # swapping it out moves to the CPU) only the blocks it alone holds; swapping it back
@@ -433,8 +444,16 @@ class PrefixCachingKVManager(PagedKVManager):
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 
 
+def queue_lookup(inst: Instance, req: Request) -> None:
+    """``req`` arrived at ``inst``: it looks its prefix up at the next decision (when the
+    iterations before it have retired, in single steps and fast runs alike)."""
+    kv = inst.kv
+    if req.hash_ids is not None and isinstance(kv, PrefixCachingKVManager):
+        kv.arrived.append(req)
+
+
 def reuse_prefix(inst: Instance, req: Request) -> None:
-    """``req`` was just queued on ``inst`` with no KV: reuse its cached prefix, if any."""
+    """``req`` is queued on ``inst`` with no KV: reuse its cached prefix, if any."""
     hit = inst.kv.lookup_prefix(req)
     if hit:
         req.num_computed_tokens = hit
@@ -449,24 +468,33 @@ docstring)."""
 def refresh_queued(inst: Instance) -> None:
     """Extend the cached prefix of the oldest queued requests with units registered since
     they looked up (a request queued behind the one computing its prefix then reuses it,
-    as vLLM's lookup at scheduling time does). Runs before a decision, and only after a
-    request was freed or queued here and the cache grew since the last retry: both stop a
-    fast-forwarded run, so single steps and fast runs retry at the same decisions."""
+    as vLLM's lookup at scheduling time does). Runs before a decision; arrivals look up
+    here. The queued retry only after a request arrived or ended here and the cache grew
+    since the last retry: both stop a fast-forwarded run, so single steps and fast runs
+    retry at the same decisions."""
     kv = inst.kv
     if not isinstance(kv, PrefixCachingKVManager):
         return
-    if not kv._dirty:
+    arrived = bool(kv.arrived)
+    if arrived:
+        me = inst.instance_id
+        for r in kv.arrived:  # still queued here, holding nothing (not aborted, not moved)
+            if r.status in _QUEUED and r.instance_id == me and not r.num_computed_tokens:
+                reuse_prefix(inst, r)
+        kv.arrived.clear()
+    # Only arrivals and ends trigger a retry: both stop a fast-forwarded run (a preemption
+    # or a release inside a decision does not, and would retry at different decisions).
+    if not arrived and len(inst.done) == kv._ended_seen:
         return
-    kv._dirty = False
-    if kv.registered == inst._refreshed_at:
+    kv._ended_seen = len(inst.done)
+    if kv.registered == kv._refreshed_at:
         return
-    inst._refreshed_at = kv.registered
+    kv._refreshed_at = kv.registered
     for r in inst.waiting[:REFRESH_HEAD]:
         if r.hash_ids is not None and r.status in _QUEUED:
             gained = kv.lookup_prefix(r)
             r.num_computed_tokens += gained
             r.num_cached_tokens += gained
-    kv._dirty = False
 
 
 def _release(inst: Instance, kv: PrefixCachingKVManager) -> bool:
@@ -481,14 +509,20 @@ def _release(inst: Instance, kv: PrefixCachingKVManager) -> bool:
     return released
 
 
+def unblock(inst: Instance, out: SchedulerOutput) -> SchedulerOutput:
+    """``out`` as the policy decided, or, when it has no batch and queued requests held
+    cached blocks (now released, :func:`release_queued_prefixes`), the policy's new one."""
+    if out.batch or not release_queued_prefixes(inst, out):
+        return out
+    return inst.scheduler.schedule(inst.view)
+
+
 def release_queued_prefixes(inst: Instance, out: SchedulerOutput) -> bool:
-    """The policy scheduled no batch, while nothing runs or only evictions: the blocks
-    queued requests hold may be what is missing (module docstring). They give them back
-    and the instance asks its policy again; True when any was released."""
+    """The policy scheduled no batch (nothing, or only evictions): the blocks queued
+    requests hold may be what is missing (module docstring). They give them back and the
+    instance asks its policy again; True when any was released."""
     kv = inst.kv
     if out.batch or not isinstance(kv, PrefixCachingKVManager):
-        return False
-    if inst.running and not out.preempt:
         return False
     return _release(inst, kv)
 
