@@ -137,6 +137,7 @@ class PrefixCachingKVManager(PagedKVManager):
         self.hit_tokens_gpu = 0
         self.hit_tokens_cpu = 0
         self.evicted_units = 0
+        self.released_tokens = 0
         self.hit_log: list[tuple[int, int]] = []
 
     # ------------------------------------------------------------------ capacity
@@ -502,6 +503,7 @@ def _release(inst: Instance, kv: PrefixCachingKVManager) -> bool:
     released = False
     for r in reversed(inst.waiting):
         if r.status in _QUEUED and r.num_computed_tokens:
+            kv.released_tokens += r.num_computed_tokens  # found, but never used
             kv.free(r.req_id)
             r.num_computed_tokens = 0
             r.num_cached_tokens = 0
@@ -534,7 +536,7 @@ def prefix_summary(kvs: Iterable[KVCacheManager]) -> dict[str, object]:
     caches = [kv for kv in kvs if isinstance(kv, PrefixCachingKVManager)]
     looked = sum(kv.lookup_tokens for kv in caches)
     cpu = sum(kv.hit_tokens_cpu for kv in caches)
-    hit = sum(kv.hit_tokens_gpu for kv in caches) + cpu
+    hit = sum(kv.hit_tokens_gpu - kv.released_tokens for kv in caches) + cpu
     return {
         "prefix_caching": bool(caches),
         "prefix_lookup_tokens": looked,
