@@ -18,6 +18,8 @@ PREFIX_OPTIONS: dict[str, Any] = {
         bool | None,
         typer.Option(
             "--prefix-caching/--no-prefix-caching",
+            # its own panel: the long flag pair would widen the main table past 80 columns
+            rich_help_panel="Prefix caching",
             help="Reuse the cached KV of identical prompt prefixes (the trace's hash_ids); "
             "on by default (vLLM: --enable-prefix-caching).",
         ),
@@ -28,6 +30,7 @@ PREFIX_OPTIONS: dict[str, Any] = {
             GiB,
             "--cpu-cache-gib",
             metavar="GIB",
+            rich_help_panel="Prefix caching",
             help="Host memory for prefix-cache blocks evicted from the GPU (0: none).",
         ),
     ],
