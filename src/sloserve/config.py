@@ -90,6 +90,7 @@ VLLM_INSTANCE_ALIASES: dict[str, str] = {
     "max_num_batched_tokens": "max_batch_tokens",
     "gpu_memory_utilization": "kv_utilization",
     "long_prefill_token_threshold": "chunk_size",
+    "enable_prefix_caching": "prefix_caching",
 }
 VLLM_WORKLOAD_ALIASES: dict[str, str] = {
     "request_rate": "rate",

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from sloserve.cli._bounded import METAVARS, _field_at, default_text, polish_params
+from sloserve.cli._prefix import PREFIX_OPTIONS, PREFIX_PATHS
 from sloserve.cli._vllm import VLLM_OPTIONS
 from sloserve.config import (
     apply_vllm_names,
@@ -287,6 +288,7 @@ _FLAG_PATHS: dict[str, tuple[str, ...]] = {
     "max_context": ("workload", "max_context"),
     "slo": ("workload", "slo"),
     "reading_speed": ("workload", "qoe", "tokens_per_s"),
+    **PREFIX_PATHS,
 }
 
 
@@ -328,6 +330,7 @@ _FLAG_OPTIONS: dict[str, Any] = {
     "cost_model": CostOpt,
     "horizon": HorizonOpt,
     **VLLM_OPTIONS,
+    **PREFIX_OPTIONS,
 }
 for _name, _opt in _FLAG_OPTIONS.items():
     if _name in METAVARS and _opt.__metadata__[0].metavar is None:
@@ -379,6 +382,8 @@ _INSTANCE_FLAGS = (
     "num_gpu_blocks_override",
     "tensor_parallel_size",
     "enable_chunked_prefill",
+    *PREFIX_OPTIONS,
+    "enable_prefix_caching",
 )
 
 

@@ -93,6 +93,9 @@ METAVARS: dict[str, str] = {
     "cost_model": "SPEC",
     "horizon": "SECONDS",
     "enable_chunked_prefill": "",
+    "prefix_caching": "",
+    "enable_prefix_caching": "",
+    "cpu_cache_gib": "GIB",
 }
 
 

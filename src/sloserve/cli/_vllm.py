@@ -59,6 +59,14 @@ VLLM_OPTIONS: dict[str, Any] = {
             "an error.",
         ),
     ],
+    "enable_prefix_caching": Annotated[
+        bool | None,
+        typer.Option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            hidden=True,
+            help="vLLM's spelling of --prefix-caching/--no-prefix-caching.",
+        ),
+    ],
     "enable_chunked_prefill": Annotated[
         bool | None,
         typer.Option(
@@ -87,6 +95,7 @@ FLAG_ALIASES: dict[str, str] = {
     "long_prefill_token_threshold": "chunk_size",
     "request_rate": "rate",
     "num_prompts": "num_requests",
+    "enable_prefix_caching": "prefix_caching",
 }
 # derived vLLM flag -> (config path it is kept at until resolved, the native flag it rivals)
 DERIVED_FLAGS: dict[str, tuple[tuple[str, ...], str | None]] = {

@@ -59,6 +59,11 @@ is busy time over GPU-seconds.
 
 from sloserve.cluster.cluster import Cluster, ConservationError
 from sloserve.cluster.config import ClusterConfig, Drain, Failure, ReplicaGroup
+from sloserve.cluster.prefix_routing import (  # importing it registers its routers
+    PrefixRouter,
+    SessionAffinityRouter,
+    text_block_ids,
+)
 from sloserve.cluster.routing import (
     Hold,
     PipelineRouter,
@@ -85,16 +90,19 @@ __all__ = [
     "Failure",
     "Hold",
     "PipelineRouter",
+    "PrefixRouter",
     "ReplicaGroup",
     "ReplicaStatus",
     "ReplicaView",
     "RouteRequest",
     "Router",
     "Scorer",
+    "SessionAffinityRouter",
     "StaticReplica",
     "make_router",
     "register_router",
     "router_names",
+    "text_block_ids",
 ]
 
 # Aladdin's router registers itself (it lives in its own package, above routing).

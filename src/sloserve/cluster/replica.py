@@ -198,6 +198,12 @@ class SimReplicaView:
             return math.nan
         return inst.kv.num_used_blocks / inst.kv.num_blocks
 
+    def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
+        inst = self._r.instance
+        if inst is None or not req.hash_ids:
+            return 0
+        return inst.kv.peek_prefix(req.hash_ids, req.prompt_tokens)
+
     def predicted_ttft_s(self, req: RouteRequest) -> float | None:
         inst = self._r.instance
         if inst is None or self._r.status is not ReplicaStatus.UP:

@@ -60,10 +60,15 @@ class RouteRequest:
     arrival: float = 0.0
     slo: SLO = field(default_factory=SLO)
     priority: int = 0
+    hash_ids: tuple[int, ...] | None = None
+    """The prompt's identity blocks (a trace's ``hash_ids``; in the gateway, hashed text
+    chunks): what prefix-aware routers match."""
 
     @classmethod
     def of(cls, r: Request) -> RouteRequest:
-        return cls(r.req_id, r.model, r.num_prompt_tokens, r.arrival, r.slo, r.priority)
+        return cls(
+            r.req_id, r.model, r.num_prompt_tokens, r.arrival, r.slo, r.priority, r.hash_ids
+        )
 
 
 class ReplicaView(Protocol):
@@ -109,6 +114,11 @@ class ReplicaView(Protocol):
         """The replica's estimate of ``req``'s TTFT if sent there now (None: no estimate)."""
         ...
 
+    def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
+        """Tokens of ``req``'s prompt prefix in the replica's prefix cache now (None:
+        unknown, as for an upstream engine; prefix routers then use their own index)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class StaticReplica:
@@ -125,12 +135,17 @@ class StaticReplica:
     kv_usage: float = 0.0
     ttft_s: float | None = None
     """The fixed TTFT estimate :meth:`predicted_ttft_s` returns."""
+    cached_tokens: int | None = None
+    """The fixed answer of :meth:`cached_prefix_tokens`."""
     name: str = ""
     group: int = 0
     capacity: int = 256
 
     def predicted_ttft_s(self, req: RouteRequest) -> float | None:
         return self.ttft_s
+
+    def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
+        return self.cached_tokens
 
 
 class ClusterView:

@@ -140,7 +140,10 @@ class Request:
     """The client's cap on output tokens, if known (what a real engine would see)."""
     hash_ids: tuple[int, ...] | None = None
     """Ids of the prompt's 512-token blocks, from a Mooncake-style trace (equal ids: equal
-    prefix blocks). Kept for prefix caching; the engine does not use them yet."""
+    prefix blocks): the prompt's identity for prefix caching (``engine/prefix_cache.py``)."""
+    num_cached_tokens: int = 0
+    """Prompt tokens found in the prefix cache when it was last queued on a replica (its
+    ``num_computed_tokens`` started there)."""
 
     status: RequestStatus = RequestStatus.WAITING
     num_output_tokens: int = 0

@@ -13,9 +13,11 @@ instance then ends it after that token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from sloserve.core.request import Request
 from sloserve.costmodel.base import BatchStats, CostModel
 from sloserve.engine.interface import ScheduledRequest
 from sloserve.engine.kv import KVCacheManager
@@ -82,3 +84,15 @@ def price(cm: CostModel, stats: BatchStats, overlap_swap: bool) -> float:
     serial, as the policy says)."""
     ex, sw = cm.batch_time(stats), cm.swap_time(stats.swap_tokens)
     return max(ex, sw) if overlap_swap else ex + sw
+
+
+def eos_finished(executor: Executor, batch: Sequence[ScheduledRequest]) -> list[Request]:
+    """The batch's requests whose last token was end-of-sequence (execute mode): each is
+    cut to the tokens it has (``true_output_len``) so the instance finishes it now."""
+    stops = executor.take_stops()
+    out = []
+    for r, _n in batch if stops else ():
+        if r.req_id in stops and r.num_output_tokens < r.true_output_len:
+            r.true_output_len = r.num_output_tokens
+            out.append(r)
+    return out

@@ -7,18 +7,15 @@ a real model in execute mode) says how long the batch takes, and when the iterat
 ends the instance emits tokens and finishes requests. Timing: a request is admitted and its
 KV allocated when its iteration starts; its tokens are delivered when the iteration ends.
 
-Beside this file: :mod:`~sloserve.engine.checks` validates each policy output before
-anything changes, and :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch up
-to the next event in one step (the same result as stepping; ``multi_step=False`` turns it
-off, tests compare the two).
+Beside this file: :mod:`~sloserve.engine.checks` validates each policy output first,
+:mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch to the next event in one
+step (as stepping would; ``multi_step=False`` turns it off),
+:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes.
 
-Disaggregated prefill/decode (the cluster sets these; a single replica uses neither, and
-its path is unchanged): with :attr:`Instance.hand_off` set (a prefill replica) a request
-leaves the instance as soon as it has emitted its first token (unless that was its last),
-its KV freed here (:meth:`Request.hand_off`), and the callback gets it.
-:meth:`Instance.add_prefilled` takes such a request on a decode replica: its prompt's KV is
-allocated on admission (no recompute) and it joins the running decodes; when the KV cache
-has no room it waits, in arrival order, until blocks free.
+Disaggregated prefill/decode (set by the cluster): with :attr:`Instance.hand_off` set a
+request leaves after its first token (unless it was its last), KV freed, to the callback;
+:meth:`Instance.add_prefilled` takes it on a decode replica, its prompt's KV allocated on
+admission (no recompute), waiting in arrival order while the KV cache has no room.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,9 +33,10 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine import prefix_cache
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
-from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor
+from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor, eos_finished
 from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
@@ -50,9 +49,7 @@ from sloserve.engine.interface import (
 from sloserve.engine.kv import KVCacheManager, PagedKVManager
 from sloserve.metrics.summary import token_times
 
-
-def _arrival_key(r: Request) -> tuple[float, int]:
-    return (r.arrival, r.req_id)
+_arrival_key = operator.attrgetter("arrival", "req_id")
 
 
 @dataclass
@@ -75,11 +72,10 @@ class _Pending:
     batch: tuple[ScheduledRequest, ...]
     ends: list[float]
     fast: bool
-    event: int = 0
-    """The id of its completion event."""
+    event: int = 0  # the id of its completion event
     busy_before: float = 0.0
-    """The instance's busy time before this run: a cut run's busy time is recomputed from
-    it, so that it is the very float a run planned to stop there would have given."""
+    """Busy time before this run: a cut run's busy time is recomputed from it (the very
+    float a run planned to stop there would have given)."""
 
 
 class Instance:
@@ -190,6 +186,7 @@ class Instance:
             self._done(req)
             return
         self.kv.note_class(req.req_id, req.req_class)
+        prefix_cache.queue_lookup(self, req)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -246,7 +243,9 @@ class Instance:
         self.view.now = now
         if self.incoming:
             self._admit_incoming(now)
+        prefix_cache.refresh_queued(self)
         out = self.scheduler.schedule(self.view)
+        out = prefix_cache.unblock(self, out)  # no batch: queued requests release prefixes
         if out.empty:
             self._busy = False
             if self.num_live and env.peek() == math.inf:
@@ -309,6 +308,7 @@ class Instance:
         tokens, prefill, _admitted = check_batch(self, out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
+        requeued: list[Request] = []
         for r, mode in out.preempt:
             self.running.remove(r)
             self.num_preemptions += 1
@@ -324,6 +324,7 @@ class Instance:
             else:
                 kv.free(r.req_id)
                 r.preempt_recompute(now)
+                requeued.append(r)
                 bisect.insort(self.waiting, r, key=_arrival_key)
         for r in out.swap_in:
             moved = kv.swap_in(r.req_id)
@@ -368,7 +369,9 @@ class Instance:
                 f"{kv.num_free_blocks} free",
             )
 
-        swap_tokens += kv.take_transfer_tokens()  # lazy checkpoints and restores (BROS)
+        for r in requeued:  # after the batch: what was checked to fit stays free for it
+            prefix_cache.reuse_prefix(self, r)
+        swap_tokens += kv.take_transfer_tokens()  # BROS's restores; prefix-cache CPU hits
         stats = BatchStats(
             num_prefill_tokens=prefill,
             num_prefill_seqs=n_prefill_seqs,
@@ -461,12 +464,9 @@ class Instance:
                         runs.append(first)
                     if r.num_output_tokens >= r.true_output_len:
                         finished.append(r)
-        stops = self.executor.take_stops()
-        if stops:  # end-of-sequence sampled (execute mode): the request ends here
-            for r, _n in pending.batch:
-                if r.req_id in stops and r.num_output_tokens < r.true_output_len:
-                    r.true_output_len = r.num_output_tokens
-                    finished.append(r)
+        if self.kv.registering:  # prefix caching: cache the prompt units computed now
+            self.kv.retired(pending.batch)
+        finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)

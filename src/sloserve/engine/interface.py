@@ -126,6 +126,12 @@ class InstanceView:
     ``running`` holds requests with KV on the GPU, in arrival order; ``swapped`` holds
     requests whose KV is on the CPU tier, in arrival order.
 
+    With prefix caching (``engine/prefix_cache.py``) a waiting request may already hold
+    the cached prefix of its prompt: its ``num_computed_tokens`` starts there (and
+    ``num_cached_tokens`` says how much was found), so ``remaining_compute`` and
+    ``kv.blocks_needed`` count only what is left to prefill — a policy that budgets those
+    accounts cached tokens correctly without knowing about the cache.
+
     ``iter_end`` is the instance's iteration log (the end time of every iteration so far,
     the instance's own list): ``Request.token_runs`` index into it, so a policy can read
     when each token was delivered (Andes' QoE estimate needs that). Read only.

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sloserve.core.errors import SloserveError
-from sloserve.core.request import RequestClass
+from sloserve.core.request import Request, RequestClass
 
 
 class KVInvariantError(SloserveError, AssertionError):
@@ -75,6 +75,25 @@ class KVCacheManager(ABC):
     def forget(self, req_id: int) -> None:  # noqa: B027
         """The request ended (its KV already freed): drop what :meth:`note_class` kept
         about it; ignored by default."""
+
+    @property
+    def registering(self) -> bool:
+        """Whether :meth:`retired` wants the batches that end (prefix caching)."""
+        return False
+
+    def retired(self, batch: Sequence[tuple[Request, int]]) -> None:  # noqa: B027
+        """An iteration of ``batch`` ended (called only while :attr:`registering`)."""
+
+    def lookup_prefix(self, req: Request) -> int:
+        """``req`` was just queued here holding no KV: take the longest cached prefix of its
+        prompt and return its length in tokens, which the request now holds (prefix
+        caching, :mod:`~sloserve.engine.prefix_cache`); 0 by default (no cache)."""
+        return 0
+
+    def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
+        """Tokens of a prompt's prefix cached here (GPU and CPU tiers), changing nothing:
+        what a cache-aware router reads; 0 by default (no cache)."""
+        return 0
 
     def take_transfer_tokens(self) -> int:
         """KV tokens the manager itself moved between GPU and CPU since the last call

@@ -42,6 +42,7 @@ from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_time
 from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
+from sloserve.engine.prefix_cache import prefix_summary
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -381,6 +382,7 @@ def _result(
         "seed": cfg.workload.seed,
         "workload_notes": workload.notes
         + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
+        **prefix_summary(i.kv for i in insts),
     }
     summary = summarize(
         table,

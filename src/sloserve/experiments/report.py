@@ -33,6 +33,7 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("slo_attainment", "SLO att.", "{:.1%}"),
     ("throughput_tokens_per_s", "tok/s", "{:.0f}"),
     ("preemptions", "preempt", "{:d}"),
+    ("prefix_hit_rate", "prefix hit", "{:.1%}"),
 )
 
 

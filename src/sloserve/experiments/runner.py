@@ -26,6 +26,7 @@ from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.executor import Executor
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
+from sloserve.engine.prefix_cache import PrefixCachingKVManager, prefix_summary
 from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.summary import request_table, summarize, token_times
 from sloserve.policies.registry import make_policy
@@ -67,6 +68,12 @@ class InstanceConfig(BaseModel):
         default=None, description="'constant:SECONDS' instead of the profile"
     )
     multi_step: bool = Field(default=True, description="advance repeatable decode runs in one step")
+    prefix_caching: bool = Field(
+        default=True, description="reuse cached KV of identical prompt prefixes (vLLM's APC)"
+    )
+    cpu_cache_gib: GiB = Field(
+        default=0.0, description="host memory for evicted prefix-cache blocks (0: no CPU tier)"
+    )
 
     @field_validator("predictor")
     @classmethod
@@ -180,12 +187,21 @@ def build_instance(
         block_size=bs,
     )
     cpu_blocks = int(icfg.cpu_swap_gib * GIB // (profile.kv_bytes_per_token * bs))
+    kv = policy.make_kv(limits, cpu_blocks)  # a policy's own manager (BROS) opts out
+    if kv is None and icfg.prefix_caching:
+        kv = PrefixCachingKVManager(
+            limits.kv_capacity_tokens // bs,
+            bs,
+            cpu_blocks,
+            cpu_cache_blocks=int(icfg.cpu_cache_gib * GIB // (profile.kv_bytes_per_token * bs)),
+        )
     return Instance(
         env,
         policy,
         _cost_model(icfg, profile),
         limits,
         make_predictor(icfg.predictor),
+        kv=kv,
         cpu_swap_blocks=cpu_blocks,
         max_context=profile.model.max_context,
         multi_step=icfg.multi_step,
@@ -292,6 +308,7 @@ def simulate(
             "seed": cfg.workload.seed,
             "workload_notes": workload.notes
             + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
+            **prefix_summary([inst.kv]),
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0

@@ -30,7 +30,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from sloserve.cluster.prefix_routing import text_block_ids
 from sloserve.cluster.routing import Decision, Router
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
 from sloserve.serve.backend import GenerationRequest, ReplicaState
@@ -67,6 +69,9 @@ class GatewayReplica:
 
     def predicted_ttft_s(self, req: RouteRequest) -> float | None:
         return None if self.predict is None else self.predict(req)
+
+    def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
+        return None  # an upstream's cache is invisible: prefix routers keep their own index
 
     @classmethod
     def of(
@@ -110,7 +115,26 @@ def route_request(req: GenerationRequest) -> RouteRequest:
         arrival=req.arrival,
         slo=req.slo,
         priority=req.priority,
+        hash_ids=text_block_ids(prompt_text(req.body)) or None,
     )
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt of an OpenAI body as one string (chat messages' contents joined), for
+    the prefix routers' approximate index."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "".join(p for p in prompt if isinstance(p, str))
+    parts = []
+    for m in body.get("messages") or []:
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, str):
+            parts.append(c)
+        elif isinstance(c, list):
+            parts.extend(x.get("text", "") for x in c if isinstance(x, dict))
+    return "\n".join(p for p in parts if isinstance(p, str))
 
 
 def pick(router: Router, req: GenerationRequest, replicas: Sequence[GatewayReplica]) -> Decision:

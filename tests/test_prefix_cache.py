@@ -1,0 +1,230 @@
+"""Prefix caching in the paged KV manager (engine/prefix_cache.py): hand cases.
+
+Small units so that cases stay readable: 4-token blocks, 8-token prompt-identity blocks,
+so a cache unit is 2 blocks (8 tokens)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sloserve.core.predictor import make_predictor
+from sloserve.core.request import Request
+from sloserve.costmodel.base import BatchStats
+from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
+from sloserve.engine.env import PRIO_ARRIVAL, Environment
+from sloserve.engine.instance import Instance
+from sloserve.engine.interface import Limits
+from sloserve.engine.kv import KVInvariantError
+from sloserve.engine.prefix_cache import PrefixCachingKVManager, unit_keys
+from sloserve.policies.registry import make_policy
+
+
+def mgr(blocks: int = 16, cpu_cache: int = 0) -> PrefixCachingKVManager:
+    return PrefixCachingKVManager(blocks, 4, 8, cpu_cache_blocks=cpu_cache, source_block_tokens=8)
+
+
+def grow(kv: PrefixCachingKVManager, rid: int, n: int) -> bool:
+    """Allocate ``n`` tokens and compute them (an iteration ends: full units get cached)."""
+    if kv.allocate(rid, n) is None:
+        return False
+    done = Request(rid, 0.0, 10**6, 1)
+    done.num_computed_tokens = kv.num_tokens(rid)
+    kv.retired([(done, n)])
+    return True
+
+
+def rq(rid: int, ids: tuple[int, ...], prompt: int, out: int = 4, at: float = 0.0) -> Request:
+    return Request(rid, at, prompt, out, hash_ids=ids)
+
+
+def test_unit_keys_chain_prefixes_and_map_block_sizes() -> None:
+    a = unit_keys((1, 2, 3), 24, 8, 8)
+    b = unit_keys((1, 2, 9), 24, 8, 8)
+    c = unit_keys((7, 2, 3), 24, 8, 8)
+    assert a[:2] == b[:2] and a[2] != b[2]  # same prefix up to the differing block
+    assert not set(a) & set(c)  # a different first block changes every later key
+    assert len(unit_keys((1, 2, 3), 23, 8, 8)) == 2  # the partial last unit has no key
+    assert len(unit_keys((1,), 24, 8, 8)) == 1  # ids cover only the first 8 tokens
+    # A unit of 16 tokens covers two identity blocks: keyed by both.
+    assert unit_keys((1, 2, 3, 4), 32, 16, 8) != unit_keys((1, 5, 3, 4), 32, 16, 8)
+    assert unit_keys((1, 2, 3, 4), 32, 16, 8)[1] == unit_keys((1, 2, 3, 4, 6), 40, 16, 8)[1]
+
+
+def test_second_request_reuses_the_shared_units_and_only_they_are_shared() -> None:
+    kv = mgr()
+    a = rq(1, (10, 11, 12), 20)
+    assert kv.lookup_prefix(a) == 0
+    grow(kv, 1, 20)  # 5 blocks: units 0 and 1 (16 tokens) become cached
+    b = rq(2, (10, 11, 13), 24)
+    assert kv.lookup_prefix(b) == 16  # two shared units; the third differs
+    assert kv.num_tokens(2) == 16 and kv.num_request_blocks(2) == 0  # all shared
+    assert kv._tables[2][:4] == kv._tables[1][:4]
+    assert kv.blocks_needed(2, 8) == 2
+    grow(kv, 2, 8)
+    kv.check_invariants()
+    assert kv.num_free_blocks == 16 - 5 - 2
+    # Freeing (or preempting) one request keeps the shared units for the other.
+    kv.free(1)
+    kv.check_invariants()
+    assert kv.num_tokens(2) == 24 and kv.num_request_blocks(2) == 6
+    assert kv.num_free_blocks == 16 - 6
+
+
+def test_a_full_hit_leaves_one_token_to_compute() -> None:
+    kv = mgr()
+    kv.lookup_prefix(rq(1, (1, 2), 16))
+    grow(kv, 1, 16)
+    kv.free(1)
+    assert kv.lookup_prefix(rq(2, (1, 2), 16)) == 8  # not 16: the last token must run
+    assert kv.lookup_prefix(rq(3, (1, 2), 17)) == 16
+
+
+def test_eviction_is_lru_over_unreferenced_units_tail_first() -> None:
+    kv = mgr(blocks=8)
+    for rid, ids in ((1, (1, 2)), (2, (3, 4))):
+        kv.lookup_prefix(rq(rid, ids, 17))
+        grow(kv, rid, 16)
+        kv.free(rid)  # request 1's units cached first, then request 2's
+    assert kv.num_free_blocks == 8 and kv.num_cached_blocks == 8
+    kv.lookup_prefix(rq(9, (3, 4), 17))  # touches request 2's units: now most recent
+    grow(kv, 9, 8)  # needs 2 new blocks: evicts request 1's tail unit only
+    kv.check_invariants()
+    assert kv.evicted_units == 1
+    assert kv.lookup_prefix(rq(5, (1, 2), 17)) == 8  # request 1's head unit survived
+    kv.check_invariants()
+
+
+def test_cpu_tier_keeps_evicted_units_and_prices_their_transfer() -> None:
+    kv = mgr(blocks=6, cpu_cache=8)
+    kv.lookup_prefix(rq(1, (1, 2), 17))
+    grow(kv, 1, 16)
+    kv.free(1)
+    kv.lookup_prefix(rq(2, (5, 6), 17))
+    grow(kv, 2, 16)  # 2 free blocks + request 1's tail unit, evicted to the CPU tier
+    kv.free(2)
+    assert kv.evicted_units == 1 and kv.take_transfer_tokens() == 0
+    assert kv.lookup_prefix(rq(3, (1, 2), 17)) == 16  # head on the GPU, tail from the CPU
+    assert kv.hit_tokens_cpu == 8 and kv.take_transfer_tokens() == 0
+    grow(kv, 3, 1)  # admitted: the copy is priced in this iteration
+    assert kv.take_transfer_tokens() == 8
+    kv.check_invariants()
+    without = mgr(blocks=6)
+    for rid, ids in ((1, (1, 2)), (2, (5, 6))):
+        without.lookup_prefix(rq(rid, ids, 17))
+        grow(without, rid, 16)
+        without.free(rid)
+    assert without.lookup_prefix(rq(3, (1, 2), 17)) == 8
+
+
+def test_invariant_check_catches_a_corrupted_reference_count() -> None:
+    kv = mgr()
+    kv.lookup_prefix(rq(1, (1, 2), 17))
+    grow(kv, 1, 17)
+    key = next(iter(kv._ref))
+    kv._ref[key] += 1
+    with pytest.raises(KVInvariantError):
+        kv.check_invariants()
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["lookup", "grow", "free", "swap_out", "swap_in", "shrink"]),
+            st.integers(0, 5),
+            st.integers(1, 24),
+            st.lists(st.integers(0, 3), min_size=1, max_size=5),
+        ),
+        max_size=70,
+    ),
+    cpu_cache=st.sampled_from([0, 4]),
+)
+def test_blocks_are_conserved_and_counts_never_negative(
+    ops: list[tuple[str, int, int, list[int]]], cpu_cache: int
+) -> None:
+    kv = mgr(blocks=12, cpu_cache=cpu_cache)
+    queued: set[int] = set()  # looked up, holding only cached blocks
+    live: set[int] = set()
+    swapped: set[int] = set()
+    for op, rid, n, ids in ops:
+        if op == "lookup" and rid not in live | swapped | queued:
+            hit = kv.lookup_prefix(rq(rid, tuple(ids), 8 * len(ids) + 1))
+            assert hit % 8 == 0 and kv.num_tokens(rid) == hit
+            queued.add(rid)
+        elif op == "grow" and rid in queued | live:
+            if grow(kv, rid, n):
+                queued.discard(rid)
+                live.add(rid)
+        elif op == "free" and rid in queued | live:
+            kv.free(rid)
+            kv.forget(rid)
+            queued.discard(rid)
+            live.discard(rid)
+        elif op == "swap_out" and rid in live and kv.can_swap_out(rid):
+            kv.swap_out(rid)
+            live.discard(rid)
+            swapped.add(rid)
+        elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:
+            swapped.discard(rid)
+            live.add(rid)
+        elif op == "shrink" and rid in live and kv.num_tokens(rid) > n:
+            held = kv._held.get(rid, [])
+            # Only what this request grew alone may be cut (the engine's use).
+            if all(kv._ref[k] == 1 for k in held[(kv.num_tokens(rid) - n) // 8 :]):
+                kv.shrink(rid, n)
+        kv.check_invariants()
+        assert all(c >= 0 for c in kv._ref.values())
+        # Conserved: free + cached-unreferenced + in use (each shared block once) = total.
+        in_use = {b for t in kv._tables.values() for b in t}
+        assert len(kv._free) + kv.num_cached_blocks + len(in_use) == kv.num_blocks
+
+
+# ------------------------------------------------------------------ engine hand case
+COST = LinearCostModel(
+    LinearCoefficients(
+        intercept=0.005, token_floor=0.0, per_token=2e-5, per_decode_kv=1e-6, per_prefill_work=1e-8
+    ),
+    kv_bytes_per_token=1000,
+    swap_bytes_per_s=1e9,
+)
+
+
+def serve(reqs: list[Request], caching: bool) -> Instance:
+    env = Environment()
+    limits = Limits(4096, 4096, 4096, 16, 16)
+    kv = PrefixCachingKVManager(256, 16, 0) if caching else None
+    inst = Instance(
+        env,
+        make_policy("vllm"),
+        COST,
+        limits,
+        make_predictor("oracle"),
+        kv=kv,
+        check_invariants=True,
+    )
+    for r in reqs:
+        env.schedule(r.arrival, lambda r=r: inst.add_request(r), PRIO_ARRIVAL)
+    env.run()
+    return inst
+
+
+def test_shared_prefix_cuts_the_second_ttft_by_the_cost_models_difference() -> None:
+    def two() -> list[Request]:
+        return [
+            Request(1, 0.0, 1500, 3, hash_ids=(1, 2, 3)),
+            Request(2, 10.0, 1600, 3, hash_ids=(1, 2, 9, 10)),
+        ]
+
+    on, off = two(), two()
+    serve(on, True)
+    serve(off, False)
+    assert on[1].num_cached_tokens == 1024 and off[1].num_cached_tokens == 0
+    full = COST.batch_time(BatchStats(1600, 1, 1600 * 1600, 0, 0))
+    rest = COST.batch_time(BatchStats(576, 1, 576 * (576 + 1024), 0, 0))
+    assert on[1].first_token_time is not None and off[1].first_token_time is not None
+    assert off[1].first_token_time - 10.0 == pytest.approx(full)
+    assert on[1].first_token_time - 10.0 == pytest.approx(rest)
+    assert on[0].first_token_time == off[0].first_token_time  # nothing cached yet
+    assert [r.num_output_tokens for r in on] == [r.num_output_tokens for r in off]
