@@ -16,7 +16,9 @@ iterations and records the run (the instance delivers its tokens when it ends).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
+from operator import add, attrgetter, itemgetter, sub
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +26,8 @@ from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
-from sloserve.engine.interface import SchedulerOutput
+from sloserve.costmodel.linear import LinearCostModel
+from sloserve.engine.interface import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance, _Pending
@@ -50,10 +53,44 @@ class Run:
     work_step: int
     decode_ids: list[int]
     prefills: list[tuple[Request, int]]
-    durations: NDArray[np.float64] | None = None
+    durations: list[float] | None = None
     """The first >= k iteration times, when the next event was looked up (a prefix of a
     longer run prices exactly as the shorter run: each step is priced on its own)."""
-    ends: NDArray[np.float64] | None = None
+    ends: list[float] | None = None
+
+
+_req_of = itemgetter(0)
+_tokens_of = itemgetter(1)
+_status = attrgetter("status")
+_instance = attrgetter("instance_id")
+_req_id = attrgetter("req_id")
+_prompt = attrgetter("num_prompt_tokens")
+_n_out = attrgetter("num_output_tokens")
+_computed = attrgetter("num_computed_tokens")
+_true_out = attrgetter("true_output_len")
+
+
+def _all_decodes(
+    inst: Instance, batch: tuple[ScheduledRequest, ...], k: int
+) -> tuple[list[int], int, int] | None:
+    """(decode ids, their context sum, k capped by their tokens left) when every entry of
+    ``batch`` is a running decode of this instance (the usual repeatable batch), checked
+    column by column in C (``map``) rather than entry by entry; None: use the general loop
+    (which also raises on a bad entry)."""
+    m = len(batch)
+    if list(map(_tokens_of, batch)).count(1) != m:
+        return None
+    reqs = list(map(_req_of, batch))
+    if list(map(_status, reqs)).count(RequestStatus.RUNNING) != m:
+        return None
+    if list(map(_instance, reqs)).count(inst.instance_id) != m:
+        return None
+    outs = list(map(_n_out, reqs))
+    computed = list(map(_computed, reqs))
+    if 0 in outs or list(map(sub, map(add, map(_prompt, reqs), outs), computed)).count(1) != m:
+        return None
+    left = min(map(sub, map(_true_out, reqs), outs))
+    return list(map(_req_id, reqs)), sum(computed), left if left < k else k
 
 
 def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
@@ -65,29 +102,33 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
     ctx = 0
     k = MAX_FAST_STEPS if inst.multi_step else 1
     pf_tokens = work = work_step = 0
-    for r, n in out.batch:
-        n_out = r.num_output_tokens
-        computed = r.num_computed_tokens
-        remaining = r.num_prompt_tokens + n_out - computed
-        if r.status is not RUNNING or r.instance_id != me:
-            raise inst._violation("repeatable", f"request {r.req_id} is not running here")
-        if n_out and remaining == 1 and n == 1:
-            decode_ids.append(r.req_id)
-            ctx += computed
-            left = r.true_output_len - n_out
-        elif 1 <= n < remaining:
-            prefills.append((r, n))
-            pf_tokens += n
-            work += n * (n + computed)
-            work_step += n * n
-            left = (remaining - 1) // n  # iterations before its final chunk
-        else:
-            raise inst._violation(
-                "repeatable",
-                f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
-            )
-        if left < k:
-            k = left
+    decodes = _all_decodes(inst, out.batch, k)
+    if decodes is not None:
+        decode_ids, ctx, k = decodes
+    else:
+        for r, n in out.batch:
+            n_out = r.num_output_tokens
+            computed = r.num_computed_tokens
+            remaining = r.num_prompt_tokens + n_out - computed
+            if r.status is not RUNNING or r.instance_id != me:
+                raise inst._violation("repeatable", f"request {r.req_id} is not running here")
+            if n_out and remaining == 1 and n == 1:
+                decode_ids.append(r.req_id)
+                ctx += computed
+                left = r.true_output_len - n_out
+            elif 1 <= n < remaining:
+                prefills.append((r, n))
+                pf_tokens += n
+                work += n * (n + computed)
+                work_step += n * n
+                left = (remaining - 1) // n  # iterations before its final chunk
+            else:
+                raise inst._violation(
+                    "repeatable",
+                    f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
+                )
+            if left < k:
+                k = left
     if k <= 1:
         return None
     stats = BatchStats(
@@ -98,24 +139,35 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
         decode_context_sum=ctx,
     )
     t_next = inst.next_event()
-    durs = ends = None
+    durs: list[float] | None = None
+    ends: list[float] | None = None
     if t_next != math.inf:
-        run_times = inst.cost_model.run_times
+        cm = inst.cost_model
         # Price a short prefix first: the next event is usually a few iterations away.
-        durs = run_times(stats, min(k, FIRST_LOOK), work_step)
-        ends = accumulate(now, durs)
-        if durs.size < k and ends[-1] < t_next:
-            durs = run_times(stats, k, work_step)
-            ends = accumulate(now, durs)
-        # The iteration during which the next event happens is the last one we run.
-        k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
+        first = min(k, FIRST_LOOK)
+        if isinstance(cm, LinearCostModel):
+            durs, ends = cm.run_until(stats, now, t_next, first, work_step)
+            found = ends[-1] >= t_next
+        else:
+            d = cm.run_times(stats, first, work_step)
+            durs, ends = d.tolist(), accumulate(now, d).tolist()
+            found = False
+        if not found:
+            if len(durs) < k and ends[-1] < t_next:
+                d = cm.run_times(stats, k, work_step)
+                durs, ends = d.tolist(), accumulate(now, d).tolist()
+            # The iteration during which the next event happens is the last one we run.
+            k = min(k, bisect_left(ends, t_next) + 1)
+        else:
+            k = len(ends)
         if k <= 1:
             return None
     kv = inst.kv
     reserve = out.repeat_reserve_blocks
     k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
-    while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
-        k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
+    if prefills:
+        while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
+            k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
     if k <= 1:
         return None
     return Run(k, stats, work_step, decode_ids, prefills, durs, ends)
@@ -124,7 +176,11 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
 def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pending:
     """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
     stats = run.stats
-    if len(out.batch) != len({r.req_id for r, _n in out.batch}):
+    # Every entry is in exactly one of decode_ids and prefills (plan_run sorted them).
+    ids = set(run.decode_ids)
+    if run.prefills:
+        ids.update(r.req_id for r, _n in run.prefills)
+    if len(out.batch) != len(ids):
         raise inst._violation("batch", "a request appears twice")
     lim = inst.limits
     if stats.total_tokens > lim.max_batch_tokens:
@@ -145,12 +201,12 @@ def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pe
     if not ok:  # plan_run checked this; a failure here is an engine bug
         raise inst._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
     if run.durations is not None and run.ends is not None:
-        durs, ends_arr = run.durations, run.ends[:k]
+        first, ends = run.durations[0], run.ends[:k]
     else:
         durs = inst.cost_model.run_times(stats, k, run.work_step)
-        ends_arr = accumulate(now, durs)
-    if not durs[0] > 0:
+        first, ends = durs[0], accumulate(now, durs).tolist()
+    if not first > 0:
         raise inst._violation(
-            "batch", f"cost model {inst.cost_model.name!r} priced the batch at {durs[0]}s"
+            "batch", f"cost model {inst.cost_model.name!r} priced the batch at {first}s"
         )
-    return inst._record(out.batch, ends_arr.tolist(), stats.total_tokens, now, kv_before, fast=True)
+    return inst._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)
