@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from operator import add, attrgetter, itemgetter, sub
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,7 +26,7 @@ from numpy.typing import NDArray
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
 from sloserve.costmodel.linear import LinearCostModel
-from sloserve.engine.interface import ScheduledRequest, SchedulerOutput
+from sloserve.engine.interface import SchedulerOutput
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance, _Pending
@@ -59,40 +58,6 @@ class Run:
     ends: list[float] | None = None
 
 
-_req_of = itemgetter(0)
-_tokens_of = itemgetter(1)
-_status = attrgetter("status")
-_instance = attrgetter("instance_id")
-_req_id = attrgetter("req_id")
-_prompt = attrgetter("num_prompt_tokens")
-_n_out = attrgetter("num_output_tokens")
-_computed = attrgetter("num_computed_tokens")
-_true_out = attrgetter("true_output_len")
-
-
-def _all_decodes(
-    inst: Instance, batch: tuple[ScheduledRequest, ...], k: int
-) -> tuple[list[int], int, int] | None:
-    """(decode ids, their context sum, k capped by their tokens left) when every entry of
-    ``batch`` is a running decode of this instance (the usual repeatable batch), checked
-    column by column in C (``map``) rather than entry by entry; None: use the general loop
-    (which also raises on a bad entry)."""
-    m = len(batch)
-    if list(map(_tokens_of, batch)).count(1) != m:
-        return None
-    reqs = list(map(_req_of, batch))
-    if list(map(_status, reqs)).count(RequestStatus.RUNNING) != m:
-        return None
-    if list(map(_instance, reqs)).count(inst.instance_id) != m:
-        return None
-    outs = list(map(_n_out, reqs))
-    computed = list(map(_computed, reqs))
-    if 0 in outs or list(map(sub, map(add, map(_prompt, reqs), outs), computed)).count(1) != m:
-        return None
-    left = min(map(sub, map(_true_out, reqs), outs))
-    return list(map(_req_id, reqs)), sum(computed), left if left < k else k
-
-
 def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
     """How many identical iterations a repeatable batch may run; None: step normally."""
     me = inst.instance_id
@@ -102,33 +67,29 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
     ctx = 0
     k = MAX_FAST_STEPS if inst.multi_step else 1
     pf_tokens = work = work_step = 0
-    decodes = _all_decodes(inst, out.batch, k)
-    if decodes is not None:
-        decode_ids, ctx, k = decodes
-    else:
-        for r, n in out.batch:
-            n_out = r.num_output_tokens
-            computed = r.num_computed_tokens
-            remaining = r.num_prompt_tokens + n_out - computed
-            if r.status is not RUNNING or r.instance_id != me:
-                raise inst._violation("repeatable", f"request {r.req_id} is not running here")
-            if n_out and remaining == 1 and n == 1:
-                decode_ids.append(r.req_id)
-                ctx += computed
-                left = r.true_output_len - n_out
-            elif 1 <= n < remaining:
-                prefills.append((r, n))
-                pf_tokens += n
-                work += n * (n + computed)
-                work_step += n * n
-                left = (remaining - 1) // n  # iterations before its final chunk
-            else:
-                raise inst._violation(
-                    "repeatable",
-                    f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
-                )
-            if left < k:
-                k = left
+    for r, n in out.batch:
+        n_out = r.num_output_tokens
+        computed = r.num_computed_tokens
+        remaining = r.num_prompt_tokens + n_out - computed
+        if r.status is not RUNNING or r.instance_id != me:
+            raise inst._violation("repeatable", f"request {r.req_id} is not running here")
+        if n_out and remaining == 1 and n == 1:
+            decode_ids.append(r.req_id)
+            ctx += computed
+            left = r.true_output_len - n_out
+        elif 1 <= n < remaining:
+            prefills.append((r, n))
+            pf_tokens += n
+            work += n * (n + computed)
+            work_step += n * n
+            left = (remaining - 1) // n  # iterations before its final chunk
+        else:
+            raise inst._violation(
+                "repeatable",
+                f"request {r.req_id}: {n} tokens is neither a decode nor a non-final chunk",
+            )
+        if left < k:
+            k = left
     if k <= 1:
         return None
     stats = BatchStats(

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import repeat
-from operator import add, attrgetter, sub
 from typing import Literal
 
 from sloserve.core.request import Request, RequestStatus
@@ -59,10 +57,6 @@ GroupMode = Literal["prefill-first", "decode-first", "single"]
 OrderKey = Literal["fcfs", "priority", "edf", "input", "output"]
 _INF = float("inf")
 _new_entry = tuple.__new__
-_req_id = attrgetter("req_id")
-_prompt = attrgetter("num_prompt_tokens")
-_n_out = attrgetter("num_output_tokens")
-_computed = attrgetter("num_computed_tokens")
 
 
 @dataclass(frozen=True)
@@ -202,19 +196,12 @@ class UnifiedScheduler(Scheduler):
         blocks_needed = kv.blocks_needed
         # Blocks still owed to running requests part-way through a (re)fill: vLLM allocates
         # a prompt's blocks when it is admitted, so they are not free for anyone else.
-        running = view.running
-        outs = list(map(_n_out, running))
-        if 0 not in outs and list(
-            map(sub, map(add, map(_prompt, running), outs), map(_computed, running))
-        ).count(1) == len(outs):
-            promised: dict[int, int] = {}  # all decoding (the usual case), checked in C
-        else:
-            promised = {
-                r.req_id: blocks_needed(r.req_id, rem)
-                for r in running
-                if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
-                or not r.num_output_tokens
-            }
+        promised = {
+            r.req_id: blocks_needed(r.req_id, rem)
+            for r in view.running
+            if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
+            or not r.num_output_tokens
+        }
         st = _State(
             free_blocks=kv.num_free_blocks - sum(promised.values()),
             cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
@@ -244,6 +231,8 @@ class UnifiedScheduler(Scheduler):
         SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
         for group, all_decode in self._groups(view, key, promised):
+            if all_decode and not hybrid and batch_decode is False:
+                continue  # step 2 for every candidate: decodes do not join a prefill batch
             if (
                 all_decode
                 and group
@@ -254,12 +243,11 @@ class UnifiedScheduler(Scheduler):
             ):
                 # Every candidate fits whatever its block needs (at most one each): take the
                 # whole group at once. Same result as the loop below, a fraction of the cost.
-                ids = list(map(_req_id, group))
+                ids = [r.req_id for r in group]
                 st.free_blocks -= kv.decode_blocks_needed(ids)
                 budget_c -= len(group)
-                # tuple.__new__: the named tuple without its Python-level __new__, mapped
-                # in C (hot).
-                batch.extend(map(_new_entry, repeat(ScheduledRequest), zip(group, repeat(1))))
+                # tuple.__new__: the named tuple without its Python-level __new__ (hot).
+                batch.extend([_new_entry(ScheduledRequest, (r, 1)) for r in group])
                 in_batch.update(ids)
                 running_decodes += len(group)
                 batch_decode = batch_decode if batch_decode is not None else True
