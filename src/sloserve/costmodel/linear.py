@@ -89,13 +89,19 @@ class LinearCostModel(CostModel):
     ) -> NDArray[np.float64]:
         if stats.num_prefill_tokens + stats.num_decode == 0:
             return np.zeros(steps)
-        # Only the attention terms change between steps, each linearly.
+        # Only the attention terms change between steps, each linearly; a term the batch
+        # does not have (no decodes, no prefill) is not evaluated by _time at all.
         j = np.arange(steps, dtype=np.int64)
-        ctx = stats.decode_context_sum + j * stats.num_decode
-        work = stats.prefill_attn_work + j * prefill_work_step
-        return np.asarray(
-            self._time(stats, ctx.astype(np.float64), work.astype(np.float64)), dtype=np.float64
-        )
+        ctx: Any = 0.0
+        work: Any = 0.0
+        if stats.num_decode:
+            ctx = (stats.decode_context_sum + j * stats.num_decode).astype(np.float64)
+        if stats.num_prefill_tokens:
+            work = (stats.prefill_attn_work + j * prefill_work_step).astype(np.float64)
+        t = self._time(stats, ctx, work)
+        if not isinstance(t, np.ndarray):  # (not reached: a run has decodes or a prefill)
+            return np.full(steps, t, dtype=np.float64)
+        return np.asarray(t, dtype=np.float64)
 
     def run_until(
         self, stats: BatchStats, now: float, t_next: float, limit: int, prefill_work_step: int = 0

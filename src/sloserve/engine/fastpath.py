@@ -40,7 +40,10 @@ def accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64
     """End times of back-to-back iterations, added one by one exactly as single steps
     would (``now + d0``, then ``+ d1``...), so that the fast path never reorders an
     iteration end and an event that fall at the same instant."""
-    return np.cumsum(np.concatenate(([now], durations)))[1:]
+    ends = np.array(durations, dtype=np.float64)  # a copy
+    if ends.size:
+        ends[0] += now  # now + d0 (the same sum), then one by one: no concatenated copy
+    return np.cumsum(ends, out=ends)
 
 
 @dataclass
