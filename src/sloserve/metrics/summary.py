@@ -189,6 +189,7 @@ def request_table(
     for lo in range(0, len(requests), _CHUNK):
         chunk = requests[lo : lo + _CHUNK]
         times, starts, counts, ttfts, tpots, gaps = _timelines(chunk, log, offset)
+        qoes = _delivered_qoes(chunk, times, starts, counts)
         for k, r in enumerate(chunk):
             arrival = r.arrival
             n = counts[k]
@@ -211,7 +212,7 @@ def request_table(
                 if status is REJECTED:
                     qoe = 0.0
                 elif finished and counts[k]:
-                    qoe = delivered_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
+                    qoe = qoes[k]
                 elif finished:
                     qoe = andes_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
                 elif finish_time is not None:
@@ -264,6 +265,62 @@ def request_table(
             c_slook.append(slo_ok)
             c_reason.append(r.reject_reason)
     return pd.DataFrame(cols, columns=list(COLUMNS))
+
+
+def _delivered_qoes(
+    requests: Sequence[Request], times: NDArray[np.float64], starts: list[int], counts: list[int]
+) -> dict[int, float]:
+    """:func:`~sloserve.metrics.qoe.delivered_qoe` of every finished request with a QoE
+    spec whose tokens :func:`_timelines` gathered, by position: the elementwise steps for
+    all of them at once, then per request only what must stay per request to give the very
+    same floats (the running maximum and numpy's pairwise sums over each request's own
+    tokens)."""
+    FINISHED = RequestStatus.FINISHED
+    rows = [
+        k
+        for k, r in enumerate(requests)
+        if counts[k] and r.qoe is not None and r.status is FINISHED
+    ]
+    if not rows:
+        return {}
+    arrival = []
+    target = []
+    speed = []
+    for k in rows:
+        r = requests[k]
+        q = r.qoe
+        assert q is not None
+        if not q.tokens_per_s > 0 or not q.ttft_s >= 0:  # the per-request errors
+            delivered_qoe(r.arrival, _EMPTY, q.ttft_s, q.tokens_per_s)
+        arrival.append(r.arrival)
+        target.append(q.ttft_s)
+        speed.append(q.tokens_per_s)
+    n = np.asarray([counts[k] for k in rows], dtype=np.int64)
+    src = np.asarray([starts[k] for k in rows], dtype=np.int64)
+    seg = np.cumsum(n) - n  # where each request starts in the gathered arrays
+    total = int(n.sum())
+    j = np.arange(total, dtype=np.int64) - np.repeat(seg, n)  # token index in its request
+    d = times[j + np.repeat(src, n)]
+    st = j.astype(np.float64) / np.repeat(np.asarray(speed, dtype=np.float64), n)
+    x = d - st
+    t1 = np.asarray(arrival, dtype=np.float64) + np.asarray(target, dtype=np.float64)
+    x[seg] = np.maximum(x[seg], t1)
+    acc = np.maximum.accumulate
+    for o, m in zip(seg.tolist(), n.tolist(), strict=True):
+        acc(x[o : o + m], out=x[o : o + m])
+    a = x + st
+    ideal = np.repeat(t1, n) + st
+    whole = np.repeat(a[seg + n - 1], n) - ideal
+    delay = a - ideal
+    out: dict[int, float] = {}
+    for k, o, m in zip(rows, seg.tolist(), n.tolist(), strict=True):
+        s_whole = float(whole[o : o + m].sum())
+        if s_whole <= 0:
+            out[k] = 1.0
+            continue
+        s_delay = float(delay[o : o + m].sum())
+        out[k] = min(1.0, max(0.0, 1.0 - s_delay / s_whole))
+    return out
 
 
 _EMPTY: NDArray[np.float64] = np.empty(0)
