@@ -318,34 +318,57 @@ def _delivered_qoes(
         arrival.append(r.arrival)
         target.append(q.ttft_s)
         speed.append(q.tokens_per_s)
-    n = np.asarray([counts[k] for k in rows], dtype=np.int64)
-    src = np.asarray([starts[k] for k in rows], dtype=np.int64)
+    out: dict[int, float] = {}
+    for lo in range(0, len(rows), _QOE_CHUNK):  # bounded per-token temporaries
+        hi = lo + _QOE_CHUNK
+        _qoe_part(
+            out, times, rows[lo:hi], [starts[k] for k in rows[lo:hi]],
+            [counts[k] for k in rows[lo:hi]], arrival[lo:hi], target[lo:hi], speed[lo:hi],
+        )  # fmt: skip
+    return out
+
+
+def _qoe_part(
+    out: dict[int, float],
+    times: NDArray[np.float64],
+    rows: list[int],
+    starts: list[int],
+    counts: list[int],
+    arrival: list[float],
+    target: list[float],
+    speed: list[float],
+) -> None:
+    """:func:`_delivered_qoes` for some of the rows; each step in place where it can be
+    (the same operations as :func:`~sloserve.metrics.qoe.delivered_qoe`, in its order)."""
+    n = np.asarray(counts, dtype=np.int64)
     seg = np.cumsum(n) - n  # where each request starts in the gathered arrays
-    total = int(n.sum())
-    j = np.arange(total, dtype=np.int64) - np.repeat(seg, n)  # token index in its request
-    d = times[j + np.repeat(src, n)]
-    st = j.astype(np.float64) / np.repeat(np.asarray(speed, dtype=np.float64), n)
-    x = d - st
+    j = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(seg, n)  # index in its request
+    x = times[j + np.repeat(np.asarray(starts, dtype=np.int64), n)]  # its token times
+    st = j.astype(np.float64)
+    del j
+    st /= np.repeat(np.asarray(speed, dtype=np.float64), n)  # (i-1)/s
+    x -= st
     t1 = np.asarray(arrival, dtype=np.float64) + np.asarray(target, dtype=np.float64)
     x[seg] = np.maximum(x[seg], t1)
     acc = np.maximum.accumulate
-    for o, m in zip(seg.tolist(), n.tolist(), strict=True):
+    bounds = list(zip(seg.tolist(), n.tolist(), strict=True))
+    for o, m in bounds:
         acc(x[o : o + m], out=x[o : o + m])
-    a = x + st
-    ideal = np.repeat(t1, n) + st
-    whole = np.repeat(a[seg + n - 1], n) - ideal
-    delay = a - ideal
-    out: dict[int, float] = {}
-    for k, o, m in zip(rows, seg.tolist(), n.tolist(), strict=True):
+    x += st  # a: the consumption times
+    ideal = np.add(np.repeat(t1, n), st, out=st)  # t1 + (i-1)/s
+    whole = np.repeat(x[seg + n - 1], n)
+    whole -= ideal  # a[-1] - ideal
+    x -= ideal  # a - ideal
+    for k, (o, m) in zip(rows, bounds, strict=True):
         s_whole = float(whole[o : o + m].sum())
         if s_whole <= 0:
             out[k] = 1.0
             continue
-        s_delay = float(delay[o : o + m].sum())
+        s_delay = float(x[o : o + m].sum())
         out[k] = min(1.0, max(0.0, 1.0 - s_delay / s_whole))
-    return out
 
 
+_QOE_CHUNK = 1024
 _EMPTY: NDArray[np.float64] = np.empty(0)
 _CHUNK = 8192
 
