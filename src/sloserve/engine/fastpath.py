@@ -126,6 +126,10 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
             k = len(ends)
         if k <= 1:
             return None
+    elif k <= FIRST_LOOK and isinstance(inst.cost_model, LinearCostModel):
+        # No event in sight (a cluster replica between arrivals): a short run is cheaper
+        # priced float by float than with arrays (the same floats).
+        durs, ends = inst.cost_model.run_until(stats, now, t_next, k, work_step)
     kv = inst.kv
     reserve = out.repeat_reserve_blocks
     k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
