@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sloserve.costmodel.base import BatchStats, CostModel
 
+_INF = float("inf")
+
 
 class LinearCoefficients(BaseModel):
     """Per-iteration coefficients (seconds, per token / per sequence / per unit of work)."""
@@ -141,7 +143,7 @@ class LinearCostModel(CostModel):
             end = end + t
             durs.append(t)
             ends.append(end)
-            if end >= t_next:
+            if end >= t_next and t_next != _INF:  # (no event: all ``limit`` of them)
                 break
         return durs, ends
 
