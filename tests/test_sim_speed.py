@@ -146,3 +146,45 @@ def test_kv_shrink_gives_back_exactly_what_growing_took() -> None:
     assert [a.num_request_blocks(r) for r in (1, 2)] == [b.num_request_blocks(r) for r in (1, 2)]
     with pytest.raises(KVInvariantError):
         a.shrink(1, 1000)
+
+
+def test_run_until_prices_exactly_as_the_array_form() -> None:
+    from sloserve.costmodel.base import BatchStats
+    from sloserve.costmodel.profile import load_profile
+    from sloserve.engine.fastpath import accumulate
+
+    cm = load_profile("llama-2-70b-a100x2").cost_model()
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        nd, npf = int(rng.integers(0, 40)), int(rng.integers(0, 3)) * int(rng.integers(1, 900))
+        if nd + npf == 0:
+            continue
+        stats = BatchStats(
+            num_prefill_tokens=npf,
+            num_prefill_seqs=1 if npf else 0,
+            prefill_attn_work=npf * (npf + int(rng.integers(0, 2000))) if npf else 0,
+            num_decode=nd,
+            decode_context_sum=nd * int(rng.integers(1, 4000)),
+        )
+        step, now, k = npf * npf, float(rng.uniform(0, 1e4)), int(rng.integers(1, 80))
+        durs = cm.run_times(stats, k, step)
+        ends = accumulate(now, durs)
+        assert ends.tolist() == np.cumsum(np.concatenate(([now], durs)))[1:].tolist()
+        t_next = float(ends[int(rng.integers(0, k))]) if rng.random() < 0.7 else float("inf")
+        d, e = cm.run_until(stats, now, t_next, k, step)
+        stop = int(np.searchsorted(ends, t_next, side="left")) + 1
+        assert e == ends[: min(k, stop)].tolist() and d == durs[: len(e)].tolist()
+
+
+def test_chunked_delivered_qoe_is_delivered_qoe(monkeypatch: pytest.MonkeyPatch) -> None:
+    res = simulate_cluster(_cfg("vllm", rate=30), ClusterConfig())
+    ends = {**res.iter_ends, -1: np.empty(0)}
+    monkeypatch.setattr(summary_mod, "_QOE_CHUNK", 5)
+    table = summary_mod.request_table(res.requests, ends)
+    checked = 0
+    for r, q in zip(res.requests, table["qoe"], strict=True):
+        if r.qoe is not None and r.status.name == "FINISHED":
+            t = summary_mod.token_times(r, ends[r.instance_id])
+            assert q == delivered_qoe(r.arrival, t, r.qoe.ttft_s, r.qoe.tokens_per_s)
+            checked += 1
+    assert checked > 100

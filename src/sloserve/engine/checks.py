@@ -112,16 +112,18 @@ def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> No
             raise inst._violation(limit, f"the batch does not fit: {err}")
         return
     bs = inst.limits.block_size
-    freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
-    to_cpu = sum(
-        kv.num_request_blocks(r.req_id) for r, m in out.preempt if m is PreemptionMode.SWAP
-    )
-    cpu = getattr(kv, "cpu", None)
-    if to_cpu and (cpu is None or to_cpu > cpu.free_blocks):
-        raise inst._violation(
-            "CPU swap capacity",
-            f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
+    freed = 0
+    if out.preempt:  # (most single steps evict nothing: no generators built for them)
+        freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
+        to_cpu = sum(
+            kv.num_request_blocks(r.req_id) for r, m in out.preempt if m is PreemptionMode.SWAP
         )
+        cpu = getattr(kv, "cpu", None)
+        if to_cpu and (cpu is None or to_cpu > cpu.free_blocks):
+            raise inst._violation(
+                "CPU swap capacity",
+                f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
+            )
     decode_ids: list[int] = []
     need = 0
     scheduled_swaps: set[int] = set()
@@ -140,9 +142,12 @@ def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> No
         else:
             need += blocks_needed(rid, n)
     need += kv.decode_blocks_needed(decode_ids)
-    need += sum(
-        kv.swap_in_blocks_needed(r.req_id) for r in out.swap_in if r.req_id not in scheduled_swaps
-    )
+    if out.swap_in:
+        need += sum(
+            kv.swap_in_blocks_needed(r.req_id)
+            for r in out.swap_in
+            if r.req_id not in scheduled_swaps
+        )
     free = kv.num_free_blocks + freed
     if need > free:
         raise inst._violation(

@@ -16,6 +16,7 @@ iterations and records the run (the instance delivers its tokens when it ends).
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
+from sloserve.costmodel.linear import LinearCostModel
 from sloserve.engine.interface import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -38,7 +40,10 @@ def accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64
     """End times of back-to-back iterations, added one by one exactly as single steps
     would (``now + d0``, then ``+ d1``...), so that the fast path never reorders an
     iteration end and an event that fall at the same instant."""
-    return np.cumsum(np.concatenate(([now], durations)))[1:]
+    ends = np.array(durations, dtype=np.float64)  # a copy
+    if ends.size:
+        ends[0] += now  # now + d0 (the same sum), then one by one: no concatenated copy
+    return np.cumsum(ends, out=ends)
 
 
 @dataclass
@@ -50,10 +55,10 @@ class Run:
     work_step: int
     decode_ids: list[int]
     prefills: list[tuple[Request, int]]
-    durations: NDArray[np.float64] | None = None
+    durations: list[float] | None = None
     """The first >= k iteration times, when the next event was looked up (a prefix of a
     longer run prices exactly as the shorter run: each step is priced on its own)."""
-    ends: NDArray[np.float64] | None = None
+    ends: list[float] | None = None
 
 
 def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
@@ -98,24 +103,39 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
         decode_context_sum=ctx,
     )
     t_next = inst.next_event()
-    durs = ends = None
+    durs: list[float] | None = None
+    ends: list[float] | None = None
     if t_next != math.inf:
-        run_times = inst.cost_model.run_times
+        cm = inst.cost_model
         # Price a short prefix first: the next event is usually a few iterations away.
-        durs = run_times(stats, min(k, FIRST_LOOK), work_step)
-        ends = accumulate(now, durs)
-        if durs.size < k and ends[-1] < t_next:
-            durs = run_times(stats, k, work_step)
-            ends = accumulate(now, durs)
-        # The iteration during which the next event happens is the last one we run.
-        k = min(k, int(np.searchsorted(ends, t_next, side="left")) + 1)
+        first = min(k, FIRST_LOOK)
+        if isinstance(cm, LinearCostModel):
+            durs, ends = cm.run_until(stats, now, t_next, first, work_step)
+            found = ends[-1] >= t_next
+        else:
+            d = cm.run_times(stats, first, work_step)
+            durs, ends = d.tolist(), accumulate(now, d).tolist()
+            found = False
+        if not found:
+            if len(durs) < k and ends[-1] < t_next:
+                d = cm.run_times(stats, k, work_step)
+                durs, ends = d.tolist(), accumulate(now, d).tolist()
+            # The iteration during which the next event happens is the last one we run.
+            k = min(k, bisect_left(ends, t_next) + 1)
+        else:
+            k = len(ends)
         if k <= 1:
             return None
+    elif k <= FIRST_LOOK and isinstance(inst.cost_model, LinearCostModel):
+        # No event in sight (a cluster replica between arrivals): a short run is cheaper
+        # priced float by float than with arrays (the same floats).
+        durs, ends = inst.cost_model.run_until(stats, now, t_next, k, work_step)
     kv = inst.kv
     reserve = out.repeat_reserve_blocks
     k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
-    while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
-        k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
+    if prefills:
+        while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
+            k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
     if k <= 1:
         return None
     return Run(k, stats, work_step, decode_ids, prefills, durs, ends)
@@ -124,7 +144,11 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
 def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pending:
     """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
     stats = run.stats
-    if len(out.batch) != len({r.req_id for r, _n in out.batch}):
+    # Every entry is in exactly one of decode_ids and prefills (plan_run sorted them).
+    ids = set(run.decode_ids)
+    if run.prefills:
+        ids.update(r.req_id for r, _n in run.prefills)
+    if len(out.batch) != len(ids):
         raise inst._violation("batch", "a request appears twice")
     lim = inst.limits
     if stats.total_tokens > lim.max_batch_tokens:
@@ -145,12 +169,12 @@ def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pe
     if not ok:  # plan_run checked this; a failure here is an engine bug
         raise inst._violation("M (KV capacity)", f"{k} repeated iterations do not fit")
     if run.durations is not None and run.ends is not None:
-        durs, ends_arr = run.durations, run.ends[:k]
+        first, ends = run.durations[0], run.ends[:k]
     else:
         durs = inst.cost_model.run_times(stats, k, run.work_step)
-        ends_arr = accumulate(now, durs)
-    if not durs[0] > 0:
+        first, ends = durs[0], accumulate(now, durs).tolist()
+    if not first > 0:
         raise inst._violation(
-            "batch", f"cost model {inst.cost_model.name!r} priced the batch at {durs[0]}s"
+            "batch", f"cost model {inst.cost_model.name!r} priced the batch at {first}s"
         )
-    return inst._record(out.batch, ends_arr.tolist(), stats.total_tokens, now, kv_before, fast=True)
+    return inst._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)

@@ -144,7 +144,8 @@ def simulate_cluster(
         workload = Workload(list(requests), [], cfg.workload.batch_jobs)
     else:
         workload = workload_of(cfg)
-    reqs = fresh(workload.requests)
+    # Requests built here are this run's own: only a caller's need copying.
+    reqs = fresh(workload.requests) if requests is not None else list(workload.requests)
     groups = ccfg.group_of()
     profiles: dict[int, ReplicaProfile] = {}
     specs = []

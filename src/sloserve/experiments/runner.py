@@ -262,7 +262,8 @@ def simulate(
         workload = Workload(list(requests), [], cfg.workload.batch_jobs)
     else:
         workload = workload_of(cfg)
-    reqs = fresh(workload.requests)
+    # Requests built here are this run's own: only a caller's need copying.
+    reqs = fresh(workload.requests) if requests is not None else list(workload.requests)
     env = Environment()
     inst = build_instance(cfg, env, check_invariants=check_invariants, executor=executor)
     feeder = (
