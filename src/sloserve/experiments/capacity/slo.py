@@ -240,3 +240,35 @@ class MissWatch:
 
 
 _FINAL = (RequestStatus.FINISHED, RequestStatus.REJECTED, RequestStatus.ABORTED)
+
+
+def check_reachable(
+    targets: Sequence[Target], profiles: Sequence[str], requests: Sequence[Request]
+) -> None:
+    """A ConfigError when a target is out of reach of every request on a profile: even
+    the workload's easiest request, alone on an idle replica, takes longer (the error
+    names the target, the profile and by how much)."""
+    from sloserve.costmodel.profile import load_profile
+
+    if not targets or not requests:
+        return
+    p_min = min(r.num_prompt_tokens for r in requests)
+    multi = [r.true_output_len for r in requests if r.true_output_len > 1]
+    o_min = min(r.true_output_len for r in requests)
+    for name in dict.fromkeys(p for prof in profiles for p in prof.split("+")):
+        cm = load_profile(name).cost_model()
+        prefill = cm.prefill_time(p_min)
+        decode = cm.decode_time(1, p_min + 1)
+        best = {
+            "ttft": prefill,
+            "tpot": decode if multi else 0.0,
+            "max_gap": decode if multi else 0.0,
+            "e2e": prefill + (o_min - 1) * decode,
+        }
+        for t in targets:
+            if best[t.metric] > t.threshold_s:
+                raise ConfigError(
+                    f"--slo: {t} cannot be met on {name}: even the easiest request alone "
+                    f"takes {best[t.metric] * 1e3:.3g} ms ({best[t.metric] / t.threshold_s:.2g}× "
+                    f"the target, {(best[t.metric] - t.threshold_s) * 1e3:.3g} ms over)"
+                )
