@@ -140,24 +140,33 @@ def _explain_cols(prefix: str, probes: Sequence[ProbeResult]) -> dict[str, Any]:
 def _summary(probes: Sequence[ProbeResult], prices: Mapping[str, float | None]) -> dict[str, Any]:
     """Attainment over seeds (min, spread), cost and limits of one answer's probes."""
     atts = [r.attainment for r in probes]
-    full = [r for r in probes if r.stopped_at_s is None]
-    mtok = [c for r in full if (c := r.cost_per_mtok) is not None]
     first = probes[0]
     hourly = None
     if all(prices.get(p) is not None for p in first.arm.profiles):
+        from sloserve.costmodel.profile import load_profile
         from sloserve.experiments.capacity.space import groups
 
-        hourly = 0.0
-        from sloserve.costmodel.profile import load_profile
-
-        for g in groups(first.arm, first.replicas, prices):
-            hourly += g["count"] * load_profile(g["profile"]).tp * (prices[g["profile"]] or 0.0)
+        hourly = sum(
+            g["count"] * load_profile(g["profile"]).tp * (prices[g["profile"]] or 0.0)
+            for g in groups(first.arm, first.replicas, prices)
+        )
+    # The steady-state cost of serving the rate: the cluster's price per hour over the
+    # output tokens it serves per hour (not the simulated run's, whose drain tail after
+    # the last arrival would count idle GPUs).
+    per_s = [
+        r.output_tokens * r.realised_rate / r.requests
+        for r in probes
+        if r.stopped_at_s is None and r.requests
+    ]
+    mtok = None
+    if hourly is not None and per_s and sum(per_s) > 0:
+        mtok = hourly / (sum(per_s) / len(per_s) * 3600) * 1e6
     return {
         "attainment": min(atts),
         "attainment_spread": max(atts) - min(atts),
         "seeds": len(probes),
         "usd_per_hour": hourly,
-        "cost_per_mtok": sum(mtok) / len(mtok) if mtok else None,
+        "cost_per_mtok": mtok,
         "realised_rate": sum(r.realised_rate for r in probes) / len(probes),
     }
 
