@@ -4,8 +4,8 @@
 commands and ``main``; each other module here adds one command family to it when imported
 (``run``: simulate, compare, demo; ``sweep``; ``capacity``; ``workload``; ``costmodel``: the
 costmodel group and profile; ``catalog``: policies, profiles; ``optimal``; ``serve``; the
-papers' ``reproduce`` commands). Importing this package therefore registers every command, whichever entry point
-is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
+papers' ``reproduce`` commands). Importing this package therefore registers every command,
+whichever entry point is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
 ``typer.testing.CliRunner`` on ``app``).
 """
 
