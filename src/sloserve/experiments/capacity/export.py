@@ -69,15 +69,14 @@ def replica_kinds(
 ) -> list[ReplicaKind]:
     """The replica kinds of a plan's cluster (a ``cluster:`` mapping) under ``policy``,
     with each kind's limits as the simulator sets them."""
-    from sloserve.api import load_run
     from sloserve.costmodel.profile import load_profile
     from sloserve.engine.env import Environment
+    from sloserve.experiments.capacity.space import load_point
     from sloserve.experiments.cluster_run import group_configs
     from sloserve.experiments.runner import build_instance
 
     data = {**dict(base), "policy": policy, "cluster": dict(cluster)}
-    cfg, ccfg = load_run(data)
-    assert ccfg is not None  # the mapping has a cluster section
+    cfg, ccfg = load_point(data)
     out = []
     for g, gcfg in zip(ccfg.replicas, group_configs(cfg, ccfg), strict=True):
         inst = build_instance(gcfg, Environment())

@@ -19,7 +19,7 @@ import numpy as np
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.experiments.capacity.slo import MissWatch, Target, certain_misses, verdict
-from sloserve.experiments.capacity.space import Arm, groups, with_rate
+from sloserve.experiments.capacity.space import Arm, groups, load_point, with_rate
 
 
 @dataclass(frozen=True)
@@ -44,21 +44,19 @@ class Probe:
 
     def config(self) -> tuple[Any, Any]:
         """The validated (SimConfig, ClusterConfig) of this point."""
-        from sloserve.api import load_run
-
         data = with_rate(self.base, self.rate, self.native_rate)
         data["policy"] = self.arm.policy
         data["workload"]["seed"] = self.seed
         if self.cluster is not None:
             data["cluster"] = {**self.cluster, "router": self.arm.router}
-            return load_run(data)
+            return load_point(data)
         data.setdefault("instance", {})["profile"] = self.arm.profiles[0]
         data["cluster"] = {
             "replicas": groups(self.arm, self.replicas, dict(self.prices)),
             "router": self.arm.router,
             "router_params": dict(self.router_params),
         }
-        return load_run(data)
+        return load_point(data)
 
 
 @dataclass

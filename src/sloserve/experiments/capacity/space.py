@@ -204,3 +204,16 @@ def parse_rates(text: str, where: str = "--rates") -> tuple[float, ...]:
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"{where}: {text!r} is not MIN:MAX[:STEP] or a list R1,R2,...") from None
+
+
+def load_point(data: Mapping[str, Any], source: str = "capacity") -> tuple[Any, Any]:
+    """The validated (SimConfig, ClusterConfig) of a run config mapping with a ``cluster:``
+    section (one-line ConfigError naming the field)."""
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.config import validate
+    from sloserve.experiments.runner import SimConfig
+
+    body = dict(data)
+    cluster = body.pop("cluster", None) or {}
+    cfg = validate(SimConfig, body, source)
+    return cfg, ClusterConfig.load(cluster, f"{source}: cluster")
