@@ -73,7 +73,7 @@ class FewestSearch:
     def propose(self, k: int) -> list[int]:
         lo, hi = self._bracket()
         if hi is None:  # no pass yet: double upward from the start (or the last miss)
-            base = max(lo + 1, self.start)
+            base = max(lo + 1, 2 * lo, self.start)
             pts = [min(self.high, base * 2**j) for j in range(k)]
         else:  # k-section of (lo, hi)
             gap = hi - lo
