@@ -166,6 +166,15 @@ def plan_capacity(
         rate_list = check_rates([float(r) for r in rates])
     space = arms(profs, rts, pols, lays)
     _check_names(space)
+    rparams = {k: dict(v) for k, v in (router_params or {}).items()}
+    if "aladdin" in rts:
+        # Aladdin packs by the SLOs it is given: give it the targets being planned for
+        slo_of = {t.metric: t.threshold_s for t in targets}
+        own = rparams.setdefault("aladdin", {})
+        if "ttft" in slo_of:
+            own.setdefault("slo_ttft_ms", slo_of["ttft"] * 1e3)
+        if "tpot" in slo_of:
+            own.setdefault("slo_atgt_ms", slo_of["tpot"] * 1e3)
     _check_reachable(base, targets, profs)
     res = fewest_gpus(
         base,
@@ -176,7 +185,7 @@ def plan_capacity(
         seeds=seeds,
         max_replicas=max_replicas,
         prices=prices,
-        router_params=router_params,
+        router_params=rparams,
         early_stop=early_stop,
         executor=executor,
         workers=workers,
