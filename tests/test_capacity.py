@@ -321,3 +321,14 @@ def test_the_output_folder(tmp_path: Path, const_profile: str) -> None:
     assert res.rounds < res.simulations
     text = (tmp_path / "explain.md").read_text()
     assert "replicas (one below)" in text
+
+
+def test_a_saturated_run_tells_how_far_to_jump(const_profile: str) -> None:
+    # 2 replicas serve 20 req/s of the 45 offered: about 2.25× behind, 5 replicas keep up
+    arm = Arm(const_profile, "round-robin", "vllm")
+    r = run_probe(Probe(_base(45.0), arm, 2, 45.0, 0, parse_slo("ttft=50ms"), 0.99))
+    assert r.stopped_at_s is not None and 1.8 < r.load_ratio < 2.6
+    s = FewestSearch("a", 1, 64, 1)
+    s.record(2, False, 2 * r.load_ratio)
+    assert s.propose(1) == [math.ceil(2 * r.load_ratio)] == [5]
+    assert s.propose(2) == [5, 7]  # the bound, then 30 % headroom (ceil(5 × 1.3))

@@ -43,6 +43,9 @@ def describe(row: Mapping[str, Any], prefix: str) -> str:
     kv = row.get(f"{prefix}_kv_usage")
     if kv is not None and not pd.isna(kv):
         parts.append(f"KV usage {_pct(kv)}")
+    shed = row.get(f"{prefix}_rejected")
+    if shed is not None and not pd.isna(shed) and int(shed) > 0:
+        parts.append(f"{int(shed)} rejected")
     pre = row.get(f"{prefix}_preemptions")
     if pre is not None and not pd.isna(pre) and int(pre) > 0:
         parts.append(f"{int(pre)} preemptions")

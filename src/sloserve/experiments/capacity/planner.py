@@ -133,6 +133,7 @@ def _explain_cols(prefix: str, probes: Sequence[ProbeResult]) -> dict[str, Any]:
         f"{prefix}_missed_tpot_s": e.get("missed_tpot_mean_s"),
         f"{prefix}_kv_usage": e.get("kv_usage_mean"),
         f"{prefix}_preemptions": e.get("preemptions"),
+        f"{prefix}_rejected": e.get("rejected"),
         f"{prefix}_stopped_at_s": worst.stopped_at_s,
     }
 
@@ -169,6 +170,12 @@ def _summary(probes: Sequence[ProbeResult], prices: Mapping[str, float | None]) 
         "cost_per_mtok": mtok,
         "realised_rate": sum(r.realised_rate for r in probes) / len(probes),
     }
+
+
+def _hint(x: float, r: ProbeResult) -> float | None:
+    """A saturated failing run's throughput bound on the replicas needed (a clear
+    shortfall only: below 1.2 the run kept up, and the SLO, not throughput, decided)."""
+    return x * r.load_ratio if r.load_ratio > 1.2 else None
 
 
 def fewest_gpus(
@@ -238,6 +245,7 @@ def fewest_gpus(
                 ex,
                 seeds=seeds,
                 on_result=col,
+                hint=_hint,
             )
     finally:
         if owned:

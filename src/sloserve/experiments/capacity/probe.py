@@ -82,6 +82,9 @@ class ProbeResult:
     explain: dict[str, Any] = field(default_factory=dict)
     limits: dict[str, Any] | None = None
     chunked_prefill: bool | None = None
+    load_ratio: float = 1.0
+    """Tokens offered over tokens served by the end of the run (> 1: the replicas fell
+    behind, by about that factor; see :func:`load_ratio`)."""
 
     @property
     def cost_per_mtok(self) -> float | None:
@@ -128,6 +131,28 @@ def _explain(reqs: Sequence[Request], now: float, targets: Sequence[Target]) -> 
     }
 
 
+def load_ratio(reqs: Sequence[Request], now: float) -> float:
+    """Prompt and output tokens of the requests arrived by ``now`` over the tokens the
+    replicas processed for them. A saturated cluster falls behind at a steady rate, so
+    this is about the factor by which its capacity must grow (a lower bound on the
+    replicas needed: the SLO may need more); about 1 when it keeps up. Capped at 16."""
+    offered = served = 0
+    for r in reqs:
+        if r.arrival > now:
+            break  # in arrival order
+        offered += r.num_prompt_tokens + r.true_output_len
+        if r.status is RequestStatus.FINISHED:
+            served += r.num_prompt_tokens + r.true_output_len
+        elif r.status not in (RequestStatus.REJECTED, RequestStatus.ABORTED):
+            served += min(r.num_computed_tokens, r.num_prompt_tokens) + r.num_output_tokens
+        else:
+            offered -= r.num_prompt_tokens + r.true_output_len  # never to be served
+    if served <= 0:
+        return 1.0  # nothing to measure a rate by yet
+    # at most 16×: a short, bursty start must not send the search to the far end
+    return min(offered / served, 16.0)
+
+
 def run_probe(p: Probe) -> ProbeResult:
     """Simulate the probe's point and judge it (the capacity search's executor task)."""
     from sloserve.costmodel.profile import load_profile
@@ -165,6 +190,7 @@ def run_probe(p: Probe) -> ProbeResult:
             output_tokens=0,
             wall_s=time.perf_counter() - t0,
             explain=explain,
+            load_ratio=load_ratio(reqs, stop.at_s),
         )
     v = verdict(res.table, p.targets, p.attainment)
     s = res.summary

@@ -25,6 +25,7 @@ next rate, but only as a start: the bracket is still verified).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ class FewestSearch:
     high: int = 64
     start: int = 1
     visited: dict[int, bool] = field(default_factory=dict)
+    hint: int | None = None
+    """The largest count a failing run suggested (its load ratio times its count): a
+    throughput bound, so the bracket jumps there instead of doubling."""
 
     def __post_init__(self) -> None:
         self.start = min(max(self.start, self.low), self.high)
@@ -73,16 +77,22 @@ class FewestSearch:
     def propose(self, k: int) -> list[int]:
         lo, hi = self._bracket()
         if hi is None:  # no pass yet: double upward from the start (or the last miss)
-            base = max(lo + 1, 2 * lo, self.start)
-            pts = [min(self.high, base * 2**j) for j in range(k)]
+            if self.hint is not None and self.hint > lo + 1:
+                # k points from the throughput bound up (the SLO may need headroom)
+                pts = [min(self.high, math.ceil(self.hint * 1.3**j)) for j in range(k)]
+            else:
+                base = max(lo + 1, 2 * lo, self.start)
+                pts = [min(self.high, base * 2**j) for j in range(k)]
         else:  # k-section of (lo, hi)
             gap = hi - lo
             pts = [lo + max(1, round(gap * (j + 1) / (k + 1))) for j in range(k)]
             pts = [x for x in pts if lo < x < hi]
         return sorted({x for x in pts if x not in self.visited})
 
-    def record(self, x: float, ok: bool) -> None:
+    def record(self, x: float, ok: bool, hint: float | None = None) -> None:
         self.visited[int(x)] = ok
+        if not ok and hint is not None and hint > x:
+            self.hint = max(self.hint or 0, math.ceil(hint - 1e-9))
 
     @property
     def answer(self) -> int | None:
@@ -141,7 +151,7 @@ class HighestRateSearch:
         pts = [round(min(self.high, max(self.low, x)), 6) for x in pts]
         return sorted({x for x in pts if x not in self.visited})
 
-    def record(self, x: float, ok: bool) -> None:
+    def record(self, x: float, ok: bool, hint: float | None = None) -> None:
         self.visited[float(x)] = ok
 
     @property
@@ -172,13 +182,15 @@ def run_searches(
     seeds: Sequence[int] = (0,),
     k: int | None = None,
     on_result: Callable[[Search, float, int, Any], None] | None = None,
+    hint: Callable[[float, Any], float | None] | None = None,
     max_rounds: int = 64,
 ) -> int:
     """Run ``searches`` to the end in rounds on ``executor``; returns the number of rounds.
 
     ``task(search, point, seed)`` builds the executor item, ``fn`` runs it (picklable),
     ``passed(result)`` judges it; ``on_result`` sees every result as its round ends (in
-    submission order: deterministic whatever the backend)."""
+    submission order: deterministic whatever the backend); ``hint(point, result)`` may
+    suggest where a failing point's search should look next (:class:`FewestSearch`)."""
     rounds = 0
     while rounds < max_rounds:
         active = [s for s in searches if not s.done]
@@ -193,13 +205,17 @@ def run_searches(
             break
         results = executor.wait(executor.submit_round(fn, [task(s, x, sd) for s, x, sd in plan]))
         verdicts: dict[tuple[int, float], bool] = {}
+        hints: dict[tuple[int, float], float] = {}
         for (s, x, sd), res in zip(plan, results, strict=True):
             if on_result is not None:
                 on_result(s, x, sd, res)
             kx = (id(s), x)
             verdicts[kx] = verdicts.get(kx, True) and passed(res)
+            h = hint(x, res) if hint is not None else None
+            if h is not None:
+                hints[kx] = max(hints.get(kx, h), h)
         for s, x, _ in plan:
             if (id(s), x) in verdicts:
-                s.record(x, verdicts.pop((id(s), x)))
+                s.record(x, verdicts.pop((id(s), x)), hints.get((id(s), x)))
         rounds += 1
     return rounds
