@@ -296,7 +296,7 @@ def fewest_gpus(
         rounds,
         len(col.results),
         time.perf_counter() - t0,
-        configurations=len(arms) * len(rates) * (max_replicas - 0),
+        configurations=len(rates) * sum(max_replicas - a.layout.min_replicas + 1 for a in arms),
         settings={"native_rate": native, "seeds": list(seeds), "prices": price},
     )
 

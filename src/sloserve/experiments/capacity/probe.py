@@ -48,7 +48,10 @@ class Probe:
         data["policy"] = self.arm.policy
         data["workload"]["seed"] = self.seed
         if self.cluster is not None:
-            data["cluster"] = {**self.cluster, "router": self.arm.router}
+            fixed = {**self.cluster, "router": self.arm.router}
+            if self.cluster.get("router") != self.arm.router:
+                fixed.pop("router_params", None)  # they were the config's router's
+            data["cluster"] = fixed
             return load_point(data)
         data.setdefault("instance", {})["profile"] = self.arm.profiles[0]
         data["cluster"] = {
