@@ -332,3 +332,20 @@ def test_a_saturated_run_tells_how_far_to_jump(const_profile: str) -> None:
     s.record(2, False, 2 * r.load_ratio)
     assert s.propose(1) == [math.ceil(2 * r.load_ratio)] == [5]
     assert s.propose(2) == [5, 7]  # the bound, then 30 % headroom (ceil(5 × 1.3))
+
+
+def test_without_targets_the_workloads_own_class_slos_decide() -> None:
+    from sloserve.experiments.capacity.slo import MissWatch, verdict
+
+    cfg = {
+        "workload": {"duration_s": 10, "classes": {"rt": 0.5, "be": 0.5}, "slo": "bros"},
+        "cluster": {"replicas": [{"count": 1}]},
+    }
+    res = sloserve.simulate(cfg)
+    rt = int((res.table["class"] == "rt").sum())
+    assert 0 < rt < len(res.table)  # best-effort requests have no SLO under 'bros'
+    v = verdict(res.table, (), 0.9)
+    assert v.counted == rt and v.attainment == pytest.approx(res.summary["slo_attainment"])
+    watch = MissWatch((), 0.9)
+    watch(0.0, res.requests)
+    assert watch.counted == rt
