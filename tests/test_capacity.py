@@ -349,3 +349,33 @@ def test_without_targets_the_workloads_own_class_slos_decide() -> None:
     watch = MissWatch((), 0.9)
     watch(0.0, res.requests)
     assert watch.counted == rt
+
+
+def test_local_ray_gives_the_same_answers(const_profile: str) -> None:
+    ray = pytest.importorskip("ray")
+    from sloserve.experiments.executor import RayExecutor
+
+    def plan(executor: Any) -> Any:
+        return sloserve.plan_capacity(
+            _base(25.0, 10.0),
+            slo="ttft=50ms",
+            attainment=0.99,
+            profiles=[const_profile],
+            routers="round-robin,least-loaded",
+            policies="vllm",
+            rates=[15.0, 25.0],
+            seeds=[0],
+            executor=executor,
+        )
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = plan(RayExecutor())
+    finally:
+        ray.shutdown()
+    with LocalExecutor(2) as ex:
+        local = plan(ex)
+    assert on_ray.answers.equals(local.answers)
+    assert list(on_ray.answers["replicas"]) == [2, 3]
+    drop = ["wall_s"]
+    assert on_ray.probes.drop(columns=drop).equals(local.probes.drop(columns=drop))
