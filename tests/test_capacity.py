@@ -379,3 +379,25 @@ def test_local_ray_gives_the_same_answers(const_profile: str) -> None:
     assert list(on_ray.answers["replicas"]) == [2, 3]
     drop = ["wall_s"]
     assert on_ray.probes.drop(columns=drop).equals(local.probes.drop(columns=drop))
+
+
+def test_disaggregated_and_mixed_arms_run(tmp_path: Path) -> None:
+    res = sloserve.plan_capacity(
+        {"arrival": {"kind": "poisson", "rate": 2}, "duration_s": 10, "mix": "sharegpt"},
+        slo="ttft_p90=2s",
+        attainment=0.9,
+        routers="least-loaded",
+        policies="sarathi",
+        profiles="llama-2-7b-a100,llama-2-7b-a100+llama-2-7b-a40",
+        layouts="agg,pd:1:1",
+        rates=[2.0],
+        seeds=[0],
+        workers=1,
+        out=tmp_path,
+    )
+    a = res.answers.set_index(["profile", "layout"])["replicas"]
+    assert a[("llama-2-7b-a100", "pd1:1")] >= 2  # one prefill and one decode at least
+    assert a[("llama-2-7b-a100", "agg")] >= 1
+    probes = res.probes
+    assert set(probes["layout"]) == {"agg", "pd1:1"}
+    assert (probes[probes["layout"] == "pd1:1"]["replicas"] >= 2).all()
