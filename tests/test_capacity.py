@@ -401,3 +401,23 @@ def test_disaggregated_and_mixed_arms_run(tmp_path: Path) -> None:
     probes = res.probes
     assert set(probes["layout"]) == {"agg", "pd1:1"}
     assert (probes[probes["layout"] == "pd1:1"]["replicas"] >= 2).all()
+
+
+def test_a_profiles_own_price_is_used(const_profile: str, tmp_path: Path) -> None:
+    data = yaml.safe_load(Path(const_profile).read_text())
+    priced = tmp_path / "priced.yaml"
+    priced.write_text(yaml.safe_dump({**data, "gpu_hour_usd": 3.0}))
+    res = sloserve.plan_capacity(
+        _base(25.0, 10.0),
+        slo="ttft=50ms",
+        profiles=[str(priced)],
+        routers="round-robin",
+        rates=[25.0],
+        seeds=[0],
+        workers=1,
+    )
+    assert res.answers["usd_per_hour"][0] == pytest.approx(3 * 3.0)
+    # the rendered built-in profiles do not gain the field when it is unset
+    from sloserve.costmodel.fit.writer import render_profile_yaml
+
+    assert "gpu_hour_usd" not in render_profile_yaml(sloserve.load_profile("llama-2-7b-a100"))
