@@ -66,6 +66,7 @@ def gpus_figure(answers: pd.DataFrame, path: Path) -> Path | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     from sloserve.experiments.plotstyle import series_style
 
@@ -75,12 +76,13 @@ def gpus_figure(answers: pd.DataFrame, path: Path) -> Path | None:
         d = answers[(answers["profile"] == prof) & (answers["layout"] == lay)]
         for k, ((router, policy), g) in enumerate(d.groupby(["router", "policy"], sort=False)):
             g = g.sort_values("rate")
-            ax.plot(
-                g["rate"], g["gpus"], marker="o", label=f"{router} + {policy}", **series_style(k)
-            )
+            none = [f"{r:g}" for r, n in zip(g["rate"], g["gpus"], strict=True) if pd.isna(n)]
+            label = f"{router} + {policy}" + (f" (none meets at {', '.join(none)})" if none else "")
+            ax.plot(g["rate"], g["gpus"], marker="o", label=label, **series_style(k))
         ax.set_title(f"{Path(str(prof)).stem} ({lay})", fontsize=9)
         ax.set_xlabel("arrival rate (req/s)")
         ax.set_ylabel("fewest GPUs meeting the SLO")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
