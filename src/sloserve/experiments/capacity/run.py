@@ -107,7 +107,7 @@ def plan_capacity(
     >>> res = sloserve.plan_capacity(
     ...     {"arrival": {"kind": "constant", "rate": 1}, "duration_s": 10, "mix": "sharegpt"},
     ...     slo="ttft=2s", attainment=0.9, rates=[1.0], seeds=[0], workers=1)
-    >>> int(res.answers["replicas"][0])
+    >>> int(res.answers.at[0, "replicas"])
     1
     """
     att = check_attainment(attainment)
