@@ -258,9 +258,18 @@ def _print(res: Any, info: dict[str, Any], out: Path, executor: str) -> None:
         err_console.print(f"warning: {c}", highlight=False)
     plan = info.get("plan")
     if plan:
+        import pandas as pd
+
+        from sloserve.experiments.capacity.explain import explain_rows
+        from sloserve.experiments.capacity.output import chosen
+
         console.print(f"plan: {plan['title']}", highlight=False)
         for cmd in plan["commands"]:
             console.print(f"  {cmd}", highlight=False, soft_wrap=True)
+        row = chosen(res)
+        if row is not None:  # why this many: the answer and the configuration below it
+            for line in explain_rows(pd.DataFrame([row]), res.question):
+                console.print(f"  why: {line.strip().removeprefix('- ')}", highlight=False)
     console.print(
         f"{res.simulations} simulations in {res.rounds} rounds on {executor}, "
         f"{res.wall_s:.1f} s; {', '.join(info['files'])} written to {out}",
