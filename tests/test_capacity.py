@@ -421,3 +421,25 @@ def test_a_profiles_own_price_is_used(const_profile: str, tmp_path: Path) -> Non
     from sloserve.costmodel.fit.writer import render_profile_yaml
 
     assert "gpu_hour_usd" not in render_profile_yaml(sloserve.load_profile("llama-2-7b-a100"))
+
+
+def test_router_parameters_reach_the_router() -> None:
+    res = sloserve.plan_capacity(
+        {"arrival": {"kind": "poisson", "rate": 2}, "duration_s": 10, "mix": "sharegpt"},
+        slo="ttft_p90=2s,tpot_p90=100ms",
+        attainment=0.9,
+        routers="aladdin",
+        rates=[2.0],
+        seeds=[0],
+        workers=1,
+        router_params={"aladdin": {"gamma": 1.0, "theta": 0.5}},
+    )
+    assert int(res.answers.at[0, "replicas"]) >= 1
+    with pytest.raises(ConfigError, match=r"--router-params: router 'aladdin': .*'gama'"):
+        sloserve.plan_capacity(
+            {"duration_s": 5},
+            slo="ttft=2s",
+            routers="aladdin",
+            rates=[2.0],
+            router_params={"aladdin": {"gama": 1.0}},
+        )

@@ -129,6 +129,15 @@ def test_max_rate_of_a_fixed_cluster(
         (["--max-rate"], ["--max-rate: give the fixed cluster with --config"]),
         (["--gpu-price", "x"], ["--gpu-price: 'x' is not PROFILE=USD"]),
         (["--layouts", "pd:1"], ["--layouts: 'pd:1' is not 'agg' or 'pd:P:D'"]),
+        (["--router-params", "x"], ["--router-params: 'x' is not ROUTER.KEY=VALUE"]),
+        (
+            ["--router-params", "least-loaded.foo=1"],
+            ["--router-params: router 'least-loaded': unknown parameter"],
+        ),
+        (
+            ["--router-params", "aladdin.gamma=1"],
+            ["--router-params: 'aladdin' is not one of the searched routers"],
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

@@ -36,6 +36,25 @@ def _prices(text: str | None) -> dict[str, float] | None:
     return out
 
 
+def _router_params(text: str | None) -> dict[str, dict[str, Any]] | None:
+    """``ROUTER.KEY=VALUE,...`` -> {router: {key: value}} (values read as YAML scalars)."""
+    if not text:
+        return None
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in text.split(","):
+        key, sep, value = item.strip().partition("=")
+        router, dot, name = key.strip().partition(".")
+        if not sep or not dot or not router or not name:
+            raise ConfigError(f"--router-params: {item.strip()!r} is not ROUTER.KEY=VALUE")
+        try:
+            out.setdefault(router, {})[name] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"--router-params: {key}: {value!r} is not a value") from None
+    return out
+
+
 @app.command()
 def capacity(
     workload: Annotated[
@@ -127,6 +146,14 @@ def capacity(
             help="Price of a GPU-hour per profile (else the profile's gpu_hour_usd).",
         ),
     ] = None,
+    router_params: Annotated[
+        str | None,
+        typer.Option(
+            "--router-params",
+            metavar="ROUTER.KEY=VALUE,...",
+            help="Router parameters, e.g. aladdin.gamma=1,aladdin.theta=0.5.",
+        ),
+    ] = None,
     tolerance: Annotated[
         float,
         bounded(Fraction, "--tolerance", help="--max-rate: relative precision of the rate."),
@@ -185,6 +212,7 @@ def capacity(
             seeds=tuple(range(seed0, seed0 + seeds)),
             max_replicas=max_replicas,
             prices=_prices(gpu_price),
+            router_params=_router_params(router_params),
             tolerance=tolerance,
             early_stop=not no_early_stop,
             executor=ex,

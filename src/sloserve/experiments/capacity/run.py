@@ -165,8 +165,8 @@ def plan_capacity(
     else:
         rate_list = check_rates([float(r) for r in rates])
     space = arms(profs, rts, pols, lays)
-    _check_names(space)
     rparams = {k: dict(v) for k, v in (router_params or {}).items()}
+    _check_names(space, rparams)
     if "aladdin" in rts:
         # Aladdin packs by the SLOs it is given: give it the targets being planned for
         slo_of = {t.metric: t.threshold_s for t in targets}
@@ -198,16 +198,28 @@ def plan_capacity(
     return res
 
 
-def _check_names(space: Sequence[Any]) -> None:
-    """Unknown routers and policies are errors before anything runs."""
-    from sloserve.cluster.routing import check_router
+def _check_names(space: Sequence[Any], params: Mapping[str, Mapping[str, Any]]) -> None:
+    """Unknown routers, router parameters and policies are errors before anything runs."""
+    from sloserve.cluster.routing import check_router, make_router
     from sloserve.policies.registry import make_policy
 
-    for r in dict.fromkeys(a.router for a in space):
+    routers = list(dict.fromkeys(a.router for a in space))
+    for r in routers:
         try:
             check_router(r, {})
         except ConfigError as e:
             raise ConfigError(f"--routers: {e}") from None
+        try:
+            check_router(r, params.get(r, {}))
+            # a factory taking **params (Aladdin's) checks its names only when it builds
+            make_router(r, params.get(r, {}))
+        except ConfigError as e:
+            raise ConfigError(f"--router-params: {e}") from None
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"--router-params: router {r!r}: {e}") from None
+    extra = sorted(set(params) - set(routers))
+    if extra:
+        raise ConfigError(f"--router-params: {extra[0]!r} is not one of the searched routers")
     for p in dict.fromkeys(a.policy for a in space):
         try:
             make_policy(p, {})
