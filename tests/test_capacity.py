@@ -434,7 +434,7 @@ def test_router_parameters_reach_the_router() -> None:
         workers=1,
         router_params={"aladdin": {"gamma": 1.0, "theta": 0.5}},
     )
-    assert int(res.answers.at[0, "replicas"]) >= 1
+    assert res.answers["replicas"].iloc[0] >= 1
     with pytest.raises(ConfigError, match=r"--router-params: router 'aladdin': .*'gama'"):
         sloserve.plan_capacity(
             {"duration_s": 5},
