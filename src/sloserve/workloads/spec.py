@@ -586,3 +586,4 @@ def _from_table(
         except ValueError as e:
             raise WorkloadError(f"{spec.trace}: request {i}: {e}") from e
     return out
+
