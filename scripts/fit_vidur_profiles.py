@@ -40,6 +40,8 @@ HEADER = (
 def render(profile: ReplicaProfile) -> str:
     """The YAML text of one profile (header comment + fields in schema order)."""
     data: dict[str, Any] = profile.model_dump(mode="json", exclude_defaults=False)
+    if data.get("gpu_hour_usd") is None:  # no price: the file stays as it was
+        data.pop("gpu_hour_usd", None)
     body = yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
     return HEADER + body
 

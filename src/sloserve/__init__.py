@@ -56,6 +56,9 @@ _EXPORTS: dict[str, str] = {
     "register_router": "sloserve.cluster.routing",
     "make_router": "sloserve.cluster.routing",
     "router_names": "sloserve.cluster.routing",
+    # capacity planning
+    "plan_capacity": "sloserve.experiments.capacity.run",
+    "CapacityResult": "sloserve.experiments.capacity.planner",
     # errors
     "SloserveError": "sloserve.core.errors",
     "ConfigError": "sloserve.core.errors",
@@ -68,6 +71,7 @@ _RENAMED = {"register_policy": "register"}
 
 __all__ = [
     "BatchStats",
+    "CapacityResult",
     "ClusterConfig",
     "ConfigError",
     "ConstantCostModel",
@@ -95,6 +99,7 @@ __all__ = [
     "load_profile",
     "make_policy",
     "make_router",
+    "plan_capacity",
     "policy_names",
     "profile_names",
     "register_policy",
@@ -140,6 +145,8 @@ if TYPE_CHECKING:  # for type checkers and the API docs; at run time names load 
         Scheduler,
         SchedulerOutput,
     )
+    from sloserve.experiments.capacity.planner import CapacityResult
+    from sloserve.experiments.capacity.run import plan_capacity
     from sloserve.experiments.report import write_report
     from sloserve.experiments.runner import InstanceConfig, RunResult, SimConfig
     from sloserve.policies.registry import make_policy, policy_names

@@ -2,10 +2,10 @@
 
 ``_app`` holds the typer app, the ``reproduce`` group, the options shared by several
 commands and ``main``; each other module here adds one command family to it when imported
-(``run``: simulate, compare, demo; ``sweep``; ``workload``; ``costmodel``: the costmodel group and
-profile; ``catalog``: policies, profiles; ``optimal``; ``serve``; the papers' ``reproduce``
-commands). Importing this package therefore registers every command, whichever entry point
-is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
+(``run``: simulate, compare, demo; ``sweep``; ``capacity``; ``workload``; ``costmodel``: the
+costmodel group and profile; ``catalog``: policies, profiles; ``optimal``; ``serve``; the
+papers' ``reproduce`` commands). Importing this package therefore registers every command,
+whichever entry point is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
 ``typer.testing.CliRunner`` on ``app``).
 """
 
@@ -14,6 +14,7 @@ is used (the ``sloserve`` console script, ``python -m sloserve.cli`` or
 from sloserve.cli import (  # noqa: F401  (imported for their command registrations)
     run,
     sweep,
+    capacity,
     workload,
     costmodel,
     execute,

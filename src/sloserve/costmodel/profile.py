@@ -102,6 +102,14 @@ class ReplicaProfile(BaseModel):
     coefficients: LinearCoefficients
     source: str = Field(description="where the coefficients come from")
     fit_report: dict[str, Any] = Field(default_factory=dict)
+    gpu_hour_usd: float | None = Field(
+        default=None,
+        ge=0,
+        le=1e4,
+        allow_inf_nan=False,
+        description="price of one GPU-hour of this GPU kind (cost per million tokens in "
+        "`sloserve capacity`); unset: no cost is reported",
+    )
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -14,6 +14,11 @@ else the workload's seed. The summary's single-replica keys describe the whole c
 ``iterations`` and ``scheduling_decisions`` are sums, ``busy_fraction`` is busy time over
 GPU-seconds; ``profile``, ``limits``, ``kv_capacity_tokens`` and ``policy_params`` are the
 replicas' common value (``None`` when they differ: see ``replicas``).
+
+**Early stopping** (for searches that only need a verdict): ``watch`` is a
+:class:`RunWatch` asked every ``watch.every_s`` simulated seconds; when it answers True the
+run raises :class:`StoppedEarly` instead of returning (the requests are its evidence).
+Watch events are control events: they do not change the run's result.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -55,6 +60,28 @@ from sloserve.experiments.runner import (
 )
 from sloserve.metrics.summary import request_table, summarize
 from sloserve.workloads.spec import Workload
+
+
+class RunWatch(Protocol):
+    """Extension point: looks at a running simulation's requests and may stop it."""
+
+    every_s: float
+    """Simulated seconds between two looks (> 0)."""
+
+    def __call__(self, now: float, requests: Sequence[Request]) -> bool:
+        """True: stop the run now (``requests``: every request of the run, in arrival
+        order, in their current state)."""
+        ...
+
+
+class StoppedEarly(Exception):  # a control-flow signal, not an error
+    """Raised by :func:`simulate_cluster` when its ``watch`` stopped the run."""
+
+    def __init__(self, at_s: float, requests: Sequence[Request], cluster: Cluster) -> None:
+        super().__init__(f"stopped at {at_s:g} s")
+        self.at_s = at_s
+        self.requests = requests
+        self.cluster = cluster
 
 
 @dataclass
@@ -132,8 +159,10 @@ def simulate_cluster(
     requests: Sequence[Request] | Workload | None = None,
     *,
     check_invariants: bool = False,
+    watch: RunWatch | None = None,
 ) -> ClusterRunResult:
-    """Run ``cfg``'s workload on the cluster ``cluster`` describes (default: one replica)."""
+    """Run ``cfg``'s workload on the cluster ``cluster`` describes (default: one replica);
+    ``watch`` may stop it early (:class:`StoppedEarly`)."""
     t0 = time.perf_counter()
     ccfg = cluster or ClusterConfig()
     ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
@@ -252,6 +281,8 @@ def simulate_cluster(
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
     if horizon != math.inf:
         env.schedule(horizon, lambda: None, PRIO_CONTROL)
+    if watch is not None:
+        _schedule_watch(env, watch, reqs, total, clu)
     env.run(until=horizon)
     left = clu.close(horizon)
     if feeder is not None:
@@ -304,6 +335,22 @@ def qlm_hooks(
         rep.warm_models = models | {rep.spec.model}
 
     return QLMHooks(by_id.get, profile, swap_s, set_warm)
+
+
+def _schedule_watch(
+    env: Environment, watch: RunWatch, reqs: list[Request], total: int, clu: Cluster
+) -> None:
+    if not watch.every_s > 0:
+        raise ConfigError(f"watch.every_s must be > 0, got {watch.every_s}")
+
+    def look() -> None:
+        if watch(env.now, reqs):
+            raise StoppedEarly(env.now, reqs, clu)
+        # keep looking while anything is left to happen (else the run would never end)
+        if clu.submitted < total or len(clu.ended) < clu.submitted:
+            env.schedule(env.now + watch.every_s, look, PRIO_CONTROL)
+
+    env.schedule(watch.every_s, look, PRIO_CONTROL)
 
 
 def _kv_transfer(

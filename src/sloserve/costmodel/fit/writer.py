@@ -182,6 +182,8 @@ def profile_from_csv(
 def render_profile_yaml(profile: ReplicaProfile, header: str = PROFILE_YAML_HEADER) -> str:
     """The YAML text of a profile, fields in schema order (as the built-in files)."""
     data: dict[str, Any] = profile.model_dump(mode="json")
+    if data.get("gpu_hour_usd") is None:  # no price: the file stays as it was
+        data.pop("gpu_hour_usd", None)
     return header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
 
 
