@@ -116,8 +116,8 @@ def test_max_rate_of_a_fixed_cluster(
 @pytest.mark.parametrize(
     ("args", "needles"),
     [
-        (["--attainment", "1.5"], ["--attainment: 1.5 is outside (0, 1]"]),
-        (["--attainment", "0"], ["--attainment: 0.0 is outside (0, 1]"]),
+        (["--attainment", "1.5"], ["--attainment", "must be ≤ 1 (got 1.5)"]),
+        (["--attainment", "0"], ["--attainment", "must be > 0 (got 0.0)"]),
         (["--rates", "20:2"], ["--rates: '20:2': max 2 < min 20"]),
         (["--routers", ","], ["--routers: the search space is empty"]),
         (["--policies", "vlm"], ["--policies:", "unknown policy 'vlm'"]),

@@ -47,7 +47,7 @@ setups = st.fixed_dictionaries(
 )
 
 
-UNIFIED_ONLY = {"andes", "lqsf"}  # these have their own parameters
+UNIFIED_ONLY = {"andes", "lqsf", "qlm"}  # these have their own parameters
 
 
 def build(setup: dict, multi_step: bool = True):
@@ -56,7 +56,7 @@ def build(setup: dict, multi_step: bool = True):
         params["watermark"] = setup["watermark"]
         if setup["order"] is not None:
             params["order"] = setup["order"]
-    if setup["swap"]:
+    if setup["swap"] and setup["policy"] != "qlm":  # QLM's agent chooses swap itself
         params["preemption_mode"] = "swap"
     return make_instance(
         setup["policy"],

@@ -85,10 +85,7 @@ def capacity(
     ] = None,
     attainment: Annotated[
         float,
-        typer.Option(
-            "--attainment",
-            help="Share of requests that must meet the SLO, in (0, 1].",
-        ),
+        bounded(Fraction, "--attainment", help="Share of requests that must meet the SLO."),
     ] = 0.99,
     profiles: Annotated[
         str | None,

@@ -20,9 +20,11 @@ from sloserve.cli._app import (
     app,
     err_console,
 )
+from sloserve.cli._bounded import bounded
 from sloserve.cli._cluster import _cluster_config
 from sloserve.cli.execute import DeviceOpt, DtypeOpt, ModelSpecOpt
 from sloserve.config import read_yaml
+from sloserve.core.bounds import Temperature
 from sloserve.core.errors import ConfigError
 
 _SERVE_INSTANCE_FLAGS = tuple(f for f in _INSTANCE_FLAGS if f != "horizon")
@@ -115,7 +117,8 @@ def serve(
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = None,
     temperature: Annotated[
-        float, typer.Option("--temperature", help="Local: sampling temperature (0: greedy).")
+        float,
+        bounded(Temperature, "--temperature", help="Local: sampling temperature (0: greedy)."),
     ] = 0.0,
     gpu: Annotated[str, typer.Option("--gpu", help="Emulated: GPU name from the catalog.")] = (
         "a100-80gb"

@@ -73,6 +73,8 @@ Weight = Annotated[float, Field(ge=0, le=MAX_FACTOR, allow_inf_nan=False)]
 """A non-negative relative weight."""
 GiB = Annotated[float, Field(ge=0, le=MAX_GIB, allow_inf_nan=False)]
 Percent = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+Temperature = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
+"""A sampling temperature (0: greedy)."""
 Workers = Annotated[int, Field(ge=1, le=1024)]
 """Worker processes or solver threads."""
 Degree = Annotated[int, Field(ge=1, le=1024)]
