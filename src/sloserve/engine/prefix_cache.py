@@ -362,16 +362,6 @@ class PrefixCachingKVManager(PagedKVManager):
         have = len(table) if table is not None else 0
         return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
 
-    def swap_out(self, req_id: int) -> int:
-        tokens = self._tokens.get(req_id, 0)
-        blocks = self.num_request_blocks(req_id)
-        if blocks > self.cpu.free_blocks:
-            raise KVInvariantError(f"request {req_id}: CPU swap tier is full")
-        self.free(req_id)
-        self.cpu.used_blocks += blocks
-        self._swapped[req_id] = (tokens, blocks)
-        return tokens
-
     def swap_in_blocks_needed(self, req_id: int) -> int:
         return self._blocks_for(self._swapped[req_id][0])
 
