@@ -31,7 +31,8 @@ def reproduce_qlm(
     seed: WorkloadSeedOpt = 0,
 ) -> None:
     """QLM §8: multi-model (W_A) and single-model multi-SLO (W_B; W_C mega-prompts in the
-    full grid) workloads, QLM vs EDF, FCFS and round-robin, the LSO ablations, the
+    full grid) workloads, QLM vs EDF, FCFS, round-robin and the
+    paper's naive-swap vLLM (fcfs-swap, edf-swap), the LSO ablations, the
     group-size trade-off and the plan-generator time; tables, figures and the headline
     numbers beside the paper's."""
     from sloserve.experiments.qlm import Plan, group_size_table, reproduce, system_table
@@ -90,6 +91,15 @@ def reproduce_qlm(
             "throughput vs best baseline, W_B",
             "throughput_gain_vs_best_baseline_W_B",
             "throughput_gain_vs_baselines",
+        ),
+        *(
+            (
+                f"{m} vs naive swap (paper's baselines), {wl}",
+                f"{m}_gain_vs_naive_swap_{wl}",
+                f"{m}_gain_vs_baselines",
+            )
+            for m in ("attainment", "throughput")
+            for wl in ("W_A", "W_B")
         ),
         (
             "warm start: throughput, W_A",

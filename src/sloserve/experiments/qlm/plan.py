@@ -13,9 +13,10 @@ Workloads (choices; the paper's exact traces and GPU counts are not reproducible
 
 Each workload runs QLM (router ``qlm``, policy ``qlm``) and the baselines of the same
 runs: ``edf`` and ``fcfs`` (global queues, vLLM per replica) and ``round-robin`` (vLLM's
-per-instance FCFS), over the share of latency-sensitive requests (Fig. 10/13). Ablations
-(QLM minus one LSO): ``no-warm-start`` (W_A; ``lsos: pull,balance``), ``no-eviction`` (W_B;
-policy ``evict: false``), ``no-pull`` (W_B; ``lsos: balance,warm-start``). The group-size
+per-instance FCFS), and the paper's own, ``fcfs-swap`` and ``edf-swap`` (vLLM per-replica
+FCFS/EDF queues that change model whenever the head's differs), over the share of
+latency-sensitive requests (Fig. 10/13). Ablations (QLM minus one LSO): ``no-warm-start``
+(W_A; ``lsos: pull,balance``), ``no-eviction`` (W_B; policy ``evict: false``), ``no-pull`` (W_B; ``lsos: balance,warm-start``). The group-size
 trade-off sweeps ``group_size_factor`` on W_B.
 """
 
@@ -26,7 +27,9 @@ from typing import Any
 
 from sloserve.core.errors import ConfigError
 
-BASELINES = ("edf", "fcfs", "round-robin")
+NAIVE_SWAP = ("fcfs-swap", "edf-swap")
+"""The paper's §8 baselines: vLLM per-replica queues with naive model swapping."""
+BASELINES = ("edf", "fcfs", "round-robin", *NAIVE_SWAP)
 MULTI_MODELS = {"llama-2-7b": 0.4, "phi-2": 0.3, "llama-3-8b": 0.3}
 
 
