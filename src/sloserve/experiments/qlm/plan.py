@@ -16,8 +16,8 @@ runs: ``edf`` and ``fcfs`` (global queues, vLLM per replica) and ``round-robin``
 per-instance FCFS), and the paper's own, ``fcfs-swap`` and ``edf-swap`` (vLLM per-replica
 FCFS/EDF queues that change model whenever the head's differs), over the share of
 latency-sensitive requests (Fig. 10/13). Ablations (QLM minus one LSO): ``no-warm-start``
-(W_A; ``lsos: pull,balance``), ``no-eviction`` (W_B; policy ``evict: false``), ``no-pull`` (W_B; ``lsos: balance,warm-start``). The group-size
-trade-off sweeps ``group_size_factor`` on W_B.
+(W_A; ``lsos: pull,balance``), ``no-eviction`` (W_B; policy ``evict: false``), ``no-pull``
+(W_B; ``lsos: balance,warm-start``). The group-size trade-off sweeps ``group_size_factor`` on W_B.
 """
 
 from __future__ import annotations
