@@ -44,15 +44,22 @@ class Run:
     duration_s: float
     seed: int
     group_size_factor: float = 4.0
+    arrival_cv: float = 1.0
+    """Burstiness: the CV of the inter-arrival gaps (1: Poisson; above: gamma, burstier)."""
 
     @property
     def key(self) -> str:
-        return f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
+        return (
+            f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
+            f"/cv={self.arrival_cv}"
+        )
 
     def config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The run's (SimConfig mapping, ClusterConfig mapping)."""
         wl: dict[str, Any] = {
-            "arrival": {"kind": "poisson", "rate": self.rate},
+            "arrival": {"kind": "poisson", "rate": self.rate}
+            if self.arrival_cv == 1.0
+            else {"kind": "gamma", "rate": self.rate, "cv": self.arrival_cv},
             "duration_s": self.duration_s,
             "slo": "qlm",
             "classes": {"rt": self.rt_share, "be": 1.0 - self.rt_share},
@@ -105,6 +112,9 @@ class Plan:
     group_factors: tuple[float, ...]
     seed: int = 0
     plan_sizes: tuple[int, ...] = (10, 100, 1000)
+    burst_cvs: tuple[float, ...] = (4.0,)
+    """The burstiness sweep: W_B at these inter-arrival CVs, QLM vs ``edf`` and
+    ``fcfs-swap`` (the CV-1 point is the main grid's)."""
     runs: list[Run] = field(default_factory=list)
 
     @classmethod
@@ -137,6 +147,14 @@ class Plan:
             for share in self.rt_shares:
                 for s in systems:
                     runs.append(Run(wl, s, share, rate, self.duration_s, self.seed))
+        mid = self.rt_shares[len(self.rt_shares) // 2]
+        for cv in self.burst_cvs:
+            if cv != 1.0:
+                for s in ("qlm", "edf", "fcfs-swap"):
+                    runs.append(
+                        Run("W_B", s, mid, self.rates["W_B"], self.duration_s, self.seed,
+                            arrival_cv=cv)
+                    )  # fmt: skip
         for f in self.group_factors:
             if f != 4.0:
                 runs.append(

@@ -63,6 +63,7 @@ def run_one(run: Run) -> dict[str, Any]:
         "system": run.system,
         "rt_share": run.rt_share,
         "group_size_factor": run.group_size_factor,
+        "arrival_cv": run.arrival_cv,
         "requests": s["requests"],
         "finished": s["finished"],
         "attainment": s["deadline_attainment"],
@@ -130,7 +131,7 @@ def _gain(new: float | None, old: float | None) -> float | None:
 def headline(results: pd.DataFrame, plan_times: pd.DataFrame) -> dict[str, Any]:
     """Ours beside the paper's (module docstring)."""
     out: dict[str, Any] = {}
-    main = results[results["group_size_factor"] == 4.0]
+    main = results[(results["group_size_factor"] == 4.0) & (results["arrival_cv"] == 1.0)]
     att, thr = [], []
     for wl, g in main.groupby("workload"):
         q = g[g["system"] == "qlm"]
