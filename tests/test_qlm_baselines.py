@@ -25,7 +25,8 @@ MODELS = {"llama-2-7b": 0.4, "phi-2": 0.3, "llama-3-8b": 0.3}
 
 def _run(router: str, cluster: dict[str, Any], **wl: Any) -> dict[str, Any]:
     s: dict[str, Any] = sloserve.simulate(
-        {"workload": {**WORKLOAD, **wl}},
+        # a horizon: a replica that never changes to a held request's model ends the run
+        {"workload": {**WORKLOAD, **wl}, "horizon_s": 300},
         policy="vllm",
         cluster={**cluster, "router": router},
     ).summary
