@@ -157,14 +157,16 @@ def test_cli_simulate_and_compare_with_qlm(tmp_path: Path) -> None:
 
 
 def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path) -> None:
-    from sloserve.experiments.qlm import Plan, reproduce, system_table
+    from sloserve.experiments.qlm import Plan, burst_table, reproduce, system_table
 
-    plan = Plan((0.5,), 6.0, {"W_A": 8.0, "W_B": 20.0}, (4.0,), 0, (4,)).built()
+    plan = Plan((0.5,), 6.0, {"W_A": 8.0, "W_B": 20.0}, (4.0,), 0, (4,), (4.0,)).built()
     assert {r.system for r in plan.runs} >= {
         "qlm",
         "edf",
         "fcfs",
         "round-robin",
+        "fcfs-swap",
+        "edf-swap",
         "qlm-no-warm-start",
         "qlm-no-eviction",
     }
@@ -173,8 +175,18 @@ def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path)
         assert (tmp_path / f).is_file(), f
     head = json.loads((tmp_path / "headline.json").read_text())
     assert "attainment_gain_vs_best_baseline_W_A" in head and head["paper"]
+    assert "throughput_gain_vs_naive_swap_W_A" in head
     t = system_table(rep.results)
     assert set(t["workload"]) == {"W_A", "W_B"} and (t["attainment"] > 0).all()
+    # the burst runs (CV 4) are their own table, not averaged into the main one
+    res = rep.results
+    poisson = res[(res["workload"] == "W_B") & (res["system"] == "qlm") & (res["arrival_cv"] == 1)]
+    qlm_b = t[(t["workload"] == "W_B") & (t["system"] == "qlm")]["attainment"]
+    assert qlm_b.iloc[0] == pytest.approx(poisson["attainment"].mean())
+    b = burst_table(res)
+    assert set(zip(b["arrival_cv"], b["system"], strict=True)) == {
+        (cv, s) for cv in (1.0, 4.0) for s in ("qlm", "edf", "fcfs-swap")
+    }
     with pytest.raises(ConfigError, match="rt_shares"):
         Plan((1.5,), 6.0, {"W_B": 20.0}, (4.0,)).built()
 

@@ -546,6 +546,8 @@ class Cluster:
                 q[:] = [front[i] for i in a.req_ids if i in front] + [
                     r for r in q if r.req_id not in ids
                 ]
+                if front:  # a new front may be routable where the old one was held
+                    self._pull_soon(a.model)
             else:
                 raise ConfigError(f"unknown controller action {a!r}")
 

@@ -10,7 +10,8 @@ SLO inputs, by precedence (a field set in a higher source wins, field by field):
 1. the body: ``priority``, ``slo`` {``ttft_ms``, ``tpot_ms``, ``deadline_ms``},
    ``qoe`` {``ttft_s``, ``tokens_per_s``}, ``request_class`` (``rt`` | ``be``);
 2. the headers ``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-request-class`` (the convention of
-   inference-perf and the Kubernetes inference gateway);
+   inference-perf and the Kubernetes inference gateway) and ``x-slo-e2e-ms`` (QLM's
+   end-to-end deadline, the header twin of ``slo.deadline_ms``);
 3. the defaults of the request's class from an SLO preset (``--slo-preset``, the presets of
    :data:`sloserve.workloads.spec.SLO_PRESETS`; ``bros``, the default, gives ``rt`` a TTFT
    of 400 ms and a TPOT of 200 ms and ``be`` no target; both priority 0). A request

@@ -1,6 +1,7 @@
 """What the gateway reads from a request besides its OpenAI body (FastAPI).
 
-The request's class, priority, SLO and QoE by precedence: body, then the ``x-slo-*`` and
+The request's class, priority, SLO and QoE by precedence: body, then the ``x-slo-*``
+(``x-slo-ttft-ms``, ``x-slo-tpot-ms``, ``x-slo-e2e-ms``: the end-to-end deadline) and
 ``x-request-class`` headers, then the named objective of ``x-gateway-inference-objective``,
 then the class defaults of the SLO preset (:func:`_slo_inputs`, see
 :mod:`sloserve.serve.api`); the Gateway API Inference Extension's headers
@@ -126,14 +127,15 @@ def _slo_inputs(
     rule = SLO_PRESETS[preset][cls]
     ttft_ms = _header_ms(request, "x-slo-ttft-ms")
     tpot_ms = _header_ms(request, "x-slo-tpot-ms")
+    # QLM's end-to-end deadline (arrival to last token); an objective has none
+    deadline_ms = _header_ms(request, "x-slo-e2e-ms")
     if objective is not None:
         ttft_ms = ttft_ms if ttft_ms is not None else objective.ttft_ms
         tpot_ms = tpot_ms if tpot_ms is not None else objective.tpot_ms
-    deadline_ms = None
     if body.slo is not None:
         ttft_ms = body.slo.ttft_ms if body.slo.ttft_ms is not None else ttft_ms
         tpot_ms = body.slo.tpot_ms if body.slo.tpot_ms is not None else tpot_ms
-        deadline_ms = body.slo.deadline_ms
+        deadline_ms = body.slo.deadline_ms if body.slo.deadline_ms is not None else deadline_ms
     slo = SLO(
         ttft_ms / 1000 if ttft_ms is not None else rule.ttft_s,
         tpot_ms / 1000 if tpot_ms is not None else rule.tpot_s,

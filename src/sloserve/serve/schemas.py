@@ -219,7 +219,7 @@ class ChatCompletionRequest(_Common):
 
 AnyRequest = CompletionRequest | ChatCompletionRequest
 
-SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-request-class")
+SLO_HEADERS = ("x-slo-ttft-ms", "x-slo-tpot-ms", "x-slo-e2e-ms", "x-request-class")
 
 
 def request_bounds() -> dict[str, dict[str, tuple[Any, Any]]]:

@@ -1,15 +1,18 @@
 """QLM (``papers/qlm.txt``): request groups, virtual queues, the RCT estimator, the plan
 generator and the cluster-level LSOs (pull, load balancing, model warm start), as the
-router/controller ``qlm``, with the pull baselines ``edf`` and ``fcfs``. The per-replica
+router/controller ``qlm``, with the pull baselines ``edf`` and ``fcfs`` and the paper's
+naive-swap baselines ``fcfs-swap`` and ``edf-swap`` (``naive.py``). The per-replica
 LSOs (eviction, GPU↔CPU swap) are the ``qlm`` policy (``policies/qlm/``).
 
-Importing this package registers the routers ``qlm``, ``edf`` and ``fcfs``
+Importing this package registers the routers ``qlm``, ``edf``, ``fcfs``, ``edf-swap`` and
+``fcfs-swap``
 (``sloserve.cluster`` imports it)."""
 
 from functools import partial
 
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupKey, GroupTable, RequestGroup
 from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
+from sloserve.cluster.qlm.naive import NaiveSwapRouter, make_naive_swap_router
 from sloserve.cluster.qlm.plan import Plan, PlanGroup, PlannerConfig, PlanQueue, generate_plan
 from sloserve.cluster.qlm.rct import (
     HardwareProfile,
@@ -26,15 +29,23 @@ _SUMMARIES = {
     "edf": "global earliest-deadline-first pull from the global queue (QLM's baseline)",
     "fcfs": "global first-come-first-served pull from the global queue",
 }
+_NAIVE = {
+    "fcfs-swap": "vLLM per-replica FCFS queues, swapping to the head's model whenever it differs",
+    "edf-swap": "vLLM per-replica EDF queues, swapping to the head's model whenever it differs",
+}
 for _mode, _summary in _SUMMARIES.items():
     if _mode not in router_names():
         register_router(_mode, partial(make_qlm_router, _mode), _summary)
+for _name, _summary in _NAIVE.items():
+    if _name not in router_names():
+        register_router(_name, partial(make_naive_swap_router, _name[:-5]), _summary)
 
 __all__ = [
     "GroupKey",
     "GroupTable",
     "GroupingConfig",
     "HardwareProfile",
+    "NaiveSwapRouter",
     "OutputLengthModel",
     "Plan",
     "PlanGroup",
@@ -46,6 +57,7 @@ __all__ = [
     "RCTEstimator",
     "RequestGroup",
     "generate_plan",
+    "make_naive_swap_router",
     "make_qlm_router",
     "profile_instance",
     "profile_replica",

@@ -1,7 +1,7 @@
 """QLM's reproduction (``papers/qlm.txt`` §8): :class:`Plan` (what runs),
 :func:`reproduce` (run it, headline numbers beside the paper's), the tables and figures."""
 
-from sloserve.experiments.qlm.figures import group_size_table, plot, system_table
+from sloserve.experiments.qlm.figures import burst_table, group_size_table, plot, system_table
 from sloserve.experiments.qlm.plan import Plan, Run
 from sloserve.experiments.qlm.reproduce import (
     PAPER,
@@ -17,6 +17,7 @@ __all__ = [
     "Plan",
     "Reproduction",
     "Run",
+    "burst_table",
     "group_size_table",
     "headline",
     "plan_time_curve",

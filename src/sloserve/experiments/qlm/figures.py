@@ -13,7 +13,7 @@ from sloserve.experiments.qlm.plan import BASELINES
 
 def system_table(results: pd.DataFrame) -> pd.DataFrame:
     """Mean attainment (all, rt, be), throughput and model loads per workload and system."""
-    main = results[results["group_size_factor"] == 4.0]
+    main = results[(results["group_size_factor"] == 4.0) & (results["arrival_cv"] == 1.0)]
     cols = [
         "attainment",
         "attainment_rt",
@@ -32,12 +32,25 @@ def system_table(results: pd.DataFrame) -> pd.DataFrame:
 
 def group_size_table(results: pd.DataFrame) -> pd.DataFrame:
     """QLM on W_B per group-size factor: attainment, plan calls and solve time."""
-    g = results[(results["workload"] == "W_B") & (results["system"] == "qlm")]
+    g = results[
+        (results["workload"] == "W_B")
+        & (results["system"] == "qlm")
+        & (results["arrival_cv"] == 1.0)
+    ]
     return (
         g.groupby("group_size_factor")[["attainment", "plan_calls", "plan_solve_s"]]
         .mean()
         .reset_index()
     )
+
+
+def burst_table(results: pd.DataFrame) -> pd.DataFrame:
+    """W_B by burstiness (inter-arrival CV) and system: attainment, rt attainment and
+    throughput (the systems of the burst sweep only)."""
+    mid = results[(results["workload"] == "W_B") & (results["group_size_factor"] == 4.0)]
+    mid = mid[mid["system"].isin(["qlm", "edf", "fcfs-swap"])]
+    cols = ["attainment", "attainment_rt", "throughput_tokens_per_s"]
+    return mid.groupby(["arrival_cv", "system"])[cols].mean().reset_index()
 
 
 def plot(results: pd.DataFrame, plan_times: pd.DataFrame, out_dir: Path) -> None:

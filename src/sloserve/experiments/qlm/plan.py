@@ -13,10 +13,11 @@ Workloads (choices; the paper's exact traces and GPU counts are not reproducible
 
 Each workload runs QLM (router ``qlm``, policy ``qlm``) and the baselines of the same
 runs: ``edf`` and ``fcfs`` (global queues, vLLM per replica) and ``round-robin`` (vLLM's
-per-instance FCFS), over the share of latency-sensitive requests (Fig. 10/13). Ablations
-(QLM minus one LSO): ``no-warm-start`` (W_A; ``lsos: pull,balance``), ``no-eviction`` (W_B;
-policy ``evict: false``), ``no-pull`` (W_B; ``lsos: balance,warm-start``). The group-size
-trade-off sweeps ``group_size_factor`` on W_B.
+per-instance FCFS), and the paper's own, ``fcfs-swap`` and ``edf-swap`` (vLLM per-replica
+FCFS/EDF queues that change model whenever the head's differs), over the share of
+latency-sensitive requests (Fig. 10/13). Ablations (QLM minus one LSO): ``no-warm-start``
+(W_A; ``lsos: pull,balance``), ``no-eviction`` (W_B; policy ``evict: false``), ``no-pull``
+(W_B; ``lsos: balance,warm-start``). The group-size trade-off sweeps ``group_size_factor`` on W_B.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from typing import Any
 
 from sloserve.core.errors import ConfigError
 
-BASELINES = ("edf", "fcfs", "round-robin")
+NAIVE_SWAP = ("fcfs-swap", "edf-swap")
+"""The paper's §8 baselines: vLLM per-replica queues with naive model swapping."""
+BASELINES = ("edf", "fcfs", "round-robin", *NAIVE_SWAP)
 MULTI_MODELS = {"llama-2-7b": 0.4, "phi-2": 0.3, "llama-3-8b": 0.3}
 
 
@@ -41,15 +44,22 @@ class Run:
     duration_s: float
     seed: int
     group_size_factor: float = 4.0
+    arrival_cv: float = 1.0
+    """Burstiness: the CV of the inter-arrival gaps (1: Poisson; above: gamma, burstier)."""
 
     @property
     def key(self) -> str:
-        return f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
+        return (
+            f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
+            f"/cv={self.arrival_cv}"
+        )
 
     def config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The run's (SimConfig mapping, ClusterConfig mapping)."""
         wl: dict[str, Any] = {
-            "arrival": {"kind": "poisson", "rate": self.rate},
+            "arrival": {"kind": "poisson", "rate": self.rate}
+            if self.arrival_cv == 1.0
+            else {"kind": "gamma", "rate": self.rate, "cv": self.arrival_cv},
             "duration_s": self.duration_s,
             "slo": "qlm",
             "classes": {"rt": self.rt_share, "be": 1.0 - self.rt_share},
@@ -102,6 +112,9 @@ class Plan:
     group_factors: tuple[float, ...]
     seed: int = 0
     plan_sizes: tuple[int, ...] = (10, 100, 1000)
+    burst_cvs: tuple[float, ...] = (4.0,)
+    """The burstiness sweep: W_B at these inter-arrival CVs, QLM vs ``edf`` and
+    ``fcfs-swap`` (the CV-1 point is the main grid's)."""
     runs: list[Run] = field(default_factory=list)
 
     @classmethod
@@ -134,6 +147,14 @@ class Plan:
             for share in self.rt_shares:
                 for s in systems:
                     runs.append(Run(wl, s, share, rate, self.duration_s, self.seed))
+        mid = self.rt_shares[len(self.rt_shares) // 2]
+        for cv in self.burst_cvs:
+            if cv != 1.0:
+                for s in ("qlm", "edf", "fcfs-swap"):
+                    runs.append(
+                        Run("W_B", s, mid, self.rates["W_B"], self.duration_s, self.seed,
+                            arrival_cv=cv)
+                    )  # fmt: skip
         for f in self.group_factors:
             if f != 4.0:
                 runs.append(
