@@ -9,8 +9,8 @@ scores the replicas of the request's model.
 
 Choices:
 
-- Routing happens inside the arrival event, so that a one-replica cluster with the
-  ``pass-through`` router replays exactly the single-replica run's events.
+- Routing happens inside the arrival event: a one-replica ``pass-through`` cluster
+  replays the single-replica run's events exactly.
 - The global queue is per model and ordered by (arrival, id), failed-over requests keeping
   their arrival. An arrival joins the queue's tail if that model already has held requests.
   A pull retries the queue in order and stops at the first request the router holds
@@ -34,8 +34,7 @@ Choices:
   to stop there would have ended. So an event costs the replica it reaches, not every
   replica. With other routers every event cuts every run, so that what a router reads
   is what it read before. The per-decision timeline is coarser (fewer, longer samples),
-  which moves ``scheduling_decisions`` and the KV-usage mean sampled from it, not the
-  requests.
+  which moves ``scheduling_decisions`` and the sampled KV-usage mean, not the requests.
 - Disaggregated prefill/decode: ``handoff.py`` (held handed-off requests wait in their own
   queue, ``<model>/decode``, pulled when a decode replica has room).
 """
