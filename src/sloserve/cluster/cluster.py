@@ -35,8 +35,7 @@ Choices:
   replica. With other routers every event cuts every run, so that what a router reads
   is what it read before. The per-decision timeline is coarser (fewer, longer samples),
   which moves ``scheduling_decisions`` and the sampled KV-usage mean, not the requests.
-- Disaggregated prefill/decode: ``handoff.py`` (held handed-off requests wait in their own
-  queue, ``<model>/decode``, pulled when a decode replica has room).
+- Disaggregated prefill/decode: ``handoff.py`` (held hand-offs wait in ``<model>/decode``).
 """
 
 from __future__ import annotations
