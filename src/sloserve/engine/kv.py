@@ -8,7 +8,7 @@ the free list is a stack, so allocating or freeing a block is O(1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -399,6 +399,11 @@ class PagedKVManager(KVCacheManager):
                 raise KVInvariantError(
                     f"request {req_id}: {len(table)} blocks for {self._tokens[req_id]} tokens"
                 )
+        self._check_accounting(seen)
+
+    def _check_accounting(self, seen: Collection[int]) -> None:
+        """Every block accounted for exactly once (``seen``: the distinct block ids found
+        free or held), and the CPU swap tier's counter equal to what swapped requests hold."""
         if len(seen) != self.num_blocks or (
             seen and (min(seen) < 0 or max(seen) >= self.num_blocks)
         ):

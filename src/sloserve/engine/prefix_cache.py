@@ -416,20 +416,9 @@ class PrefixCachingKVManager(PagedKVManager):
                 raise KVInvariantError(f"cached unit {key}: {n} holders, LRU {key in self._lru}")
         if len(self._lru) != sum(1 for n in refs.values() if n == 0):
             raise KVInvariantError("the LRU list holds units that are not cached")
-        if len(owner) != self.num_blocks or (
-            owner and (min(owner) < 0 or max(owner) >= self.num_blocks)
-        ):
-            raise KVInvariantError(f"{len(owner)} blocks accounted for, expected {self.num_blocks}")
         if len(self._host) > self.cpu_cache_units:
             raise KVInvariantError(f"CPU cache holds {len(self._host)} units, over capacity")
-        both = self._swapped.keys() & self._tables.keys()
-        if both:
-            raise KVInvariantError(f"requests {sorted(both)} hold GPU blocks and a CPU copy")
-        cpu = sum(b for _t, b in self._swapped.values())
-        if cpu != self.cpu.used_blocks or cpu > self.cpu.capacity_blocks:
-            raise KVInvariantError(
-                f"CPU tier holds {cpu} blocks, counter says {self.cpu.used_blocks}"
-            )
+        self._check_accounting(owner)
 
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
