@@ -390,11 +390,9 @@ def _emulated_backend(
 ) -> Any:  # fmt: skip
     """The emulated cluster: the YAML's ``cluster:`` section (as ``simulate`` reads it) with
     --replicas and --router on top; the gateway's default router is ``least-loaded``."""
-    from pydantic import ValidationError
 
-    from sloserve.config import validation_message
     from sloserve.costmodel.profile import load_profile
-    from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
+    from sloserve.serve.emulated import EmulatedBackend
 
     if flags.get("profile") is None:
         flags = {**flags, "profile": f"{model}@{gpu}"}
@@ -410,22 +408,38 @@ def _emulated_backend(
     if cluster is not None and router not in (None, yaml_router) and yaml_router is not None:
         # --router replaced the YAML's router: its router_params were that one's
         cluster = cluster.model_copy(update={"router_params": {}})
+    cfg = _emulated_config(
+        sim, policy, seed, max_queue, served_model_name, admission,
+        cluster=cluster, time_scale=time_scale,
+        output_length=parse_length(output_length) if output_length else None,
+    )  # fmt: skip
+    return EmulatedBackend(cfg)
+
+
+def _emulated_config(
+    sim: Any, policy: str | None, seed: int, max_queue: int | None,
+    served_model_name: str | None, admission: str | None, **extra: Any,
+) -> Any:  # fmt: skip
+    """The emulated (and local) backend's config from the resolved run config and the
+    serve options; a validation error is one line naming the option."""
+    from pydantic import ValidationError
+
+    from sloserve.config import validation_message
+    from sloserve.serve.emulated_config import EmulatedConfig
+
     try:
-        cfg = EmulatedConfig(
+        return EmulatedConfig(
             instance=sim.instance,
             policy=policy or sim.policy,
             policy_params=sim.policy_params,
-            cluster=cluster,
-            time_scale=time_scale,
-            output_length=parse_length(output_length) if output_length else None,
             seed=seed,
             max_queue=max_queue,
             served_model_name=served_model_name,
             admission=admission or "queue",
+            **extra,
         )
     except ValidationError as e:
         raise ConfigError(validation_message(e, "serve options")) from None
-    return EmulatedBackend(cfg)
 
 
 def _local_backend(
@@ -438,12 +452,9 @@ def _local_backend(
     replica of ``--policy``. The profile (``--profile``, else the spec's catalog model, else
     llama-2-7b, on ``--gpu``) gives the policy its cost model. Options are checked before
     the weights load."""
-    from pydantic import ValidationError
 
     from sloserve.cli.execute import load
-    from sloserve.config import validation_message
     from sloserve.costmodel.profile import load_profile
-    from sloserve.serve.emulated_config import EmulatedConfig
     from sloserve.serve.local import LocalBackend
 
     if model is None and model_spec is None:
@@ -461,16 +472,5 @@ def _local_backend(
         flags = {**flags, "profile": f"{catalog}@{gpu}"}
     sim, _policies = _build_config({}, config, flags)
     load_profile(sim.instance.profile)  # an unknown model or GPU fails here, with the list
-    try:
-        cfg = EmulatedConfig(
-            instance=sim.instance,
-            policy=policy or sim.policy,
-            policy_params=sim.policy_params,
-            seed=seed,
-            max_queue=max_queue,
-            served_model_name=served_model_name,
-            admission=admission or "queue",
-        )
-    except ValidationError as e:
-        raise ConfigError(validation_message(e, "serve options")) from None
+    cfg = _emulated_config(sim, policy, seed, max_queue, served_model_name, admission)
     return LocalBackend(cfg, load(model_spec, model, device, dtype), temperature=temperature)
