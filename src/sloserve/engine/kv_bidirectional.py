@@ -45,7 +45,8 @@ Choices where the paper is silent:
   exactly with :meth:`dry_run` (the same operations on a copy) instead of adding up
   block counts; policies plan on :meth:`clone`.
 
-Invariants (:meth:`check_invariants`): no slot owned twice (left + right ≤ block size),
+Invariants (:meth:`check_invariants`, in :mod:`~sloserve.engine.kv_bidirectional_invariants`):
+no slot owned twice (left + right ≤ block size),
 owners and counts agree, the free list holds exactly the ownerless blocks, no KV lost
 (every request's tokens = its GPU slots + its checkpointed slots; swapped requests wholly
 on the CPU) and capacity conserved (the CPU tier's counter equals what it holds).
@@ -539,71 +540,6 @@ class BidirectionalKVManager(KVCacheManager):
 
     # ------------------------------------------------------------------ invariants
     def check_invariants(self) -> None:
-        bs = self.block_size
-        gpu: dict[int, int] = {}
-        for b in range(self.num_blocks):
-            left, right, lc, rc = self.left[b], self.right[b], self.lcount[b], self.rcount[b]
-            if lc < 0 or rc < 0 or lc + rc > bs:
-                raise KVInvariantError(
-                    f"block {b}: {lc} RT + {rc} BE slots > {bs} (slot owned twice)"
-                )
-            if (left == _NONE) != (lc == 0) or (right == _NONE) != (rc == 0):
-                raise KVInvariantError(f"block {b}: owners {left}/{right} with counts {lc}/{rc}")
-            ownerless = left == _NONE and right == _NONE
-            if ownerless != self._free_set[b]:
-                raise KVInvariantError(f"block {b}: free flag disagrees with its owners")
-            if left != _NONE and right == _NONE and b not in self._rt_only[bs - lc]:
-                raise KVInvariantError(f"block {b}: missing from the RT-only index")
-            if right != _NONE and left == _NONE and b not in self._be_only[bs - rc]:
-                raise KVInvariantError(f"block {b}: missing from the BE-only index")
-            for owner, count in ((left, lc), (right, rc)):
-                if owner != _NONE:
-                    if b not in self._tables.get(owner, ()):
-                        raise KVInvariantError(f"block {b}: not in request {owner}'s table")
-                    gpu[owner] = gpu.get(owner, 0) + count
-        if self._be_only_slots != sum(
-            bs - e for e, d in enumerate(self._be_only) for _b in d
-        ) or self._rt_only_empty != sum(e for e, d in enumerate(self._rt_only) for _b in d):
-            raise KVInvariantError("the one-sided blocks' slot totals are stale")
-        if len(self._free) != len(set(self._free)) or sorted(self._free) != [
-            b for b in range(self.num_blocks) if self._free_set[b]
-        ]:
-            raise KVInvariantError("the free list disagrees with the ownerless blocks")
-        if sum(len(d) for d in self._be_only) + sum(len(d) for d in self._rt_only) != sum(
-            1 for b in range(self.num_blocks) if (self.left[b] == _NONE) != (self.right[b] == _NONE)
-        ):
-            raise KVInvariantError("stale entries in the one-sided block indexes")
-        own: dict[int, int] = {}
-        for b in range(self.num_blocks):
-            empty = bs - self.lcount[b] - self.rcount[b]
-            for owner in (self.left[b], self.right[b]):
-                if owner != _NONE and empty:
-                    own[owner] = own.get(owner, 0) + empty
-        if {r: e for r, e in self._own_empty.items() if e} != own:
-            raise KVInvariantError("the per-request empty-slot counts are stale")
-        for rid, table in self._tables.items():
-            rt = self._is_rt.get(rid, True)
-            side = self.left if rt else self.right
-            if len(set(table)) != len(table) or any(side[b] != rid for b in table):
-                raise KVInvariantError(f"request {rid}: block table {table} disagrees with owners")
-        for rid, tokens in self._tokens.items():
-            if gpu.get(rid, 0) + self._ckpt.get(rid, 0) != tokens:
-                raise KVInvariantError(
-                    f"request {rid}: {tokens} tokens but {gpu.get(rid, 0)} on the GPU and "
-                    f"{self._ckpt.get(rid, 0)} checkpointed (KV lost)"
-                )
-        if set(gpu) - set(self._tokens):
-            raise KVInvariantError(f"requests {sorted(set(gpu) - set(self._tokens))} untracked")
-        if self._swapped.keys() & (self._tokens.keys() | self._tables.keys()):
-            raise KVInvariantError("a request is both swapped out and on the GPU")
-        cpu = sum(self._ckpt.values()) + sum(self._swapped.values())
-        if cpu != self._cpu_slots or cpu > self.cpu.capacity_blocks * bs:
-            raise KVInvariantError(f"CPU tier holds {cpu} slots, counter says {self._cpu_slots}")
-        if self.cpu.used_blocks != -(-cpu // bs):
-            raise KVInvariantError("the CPU tier's block counter is stale")
-        index = {(r, b) for r, blocks in self._pt_blocks.items() for b in blocks}
-        if index != {(r, b) for b, p in self.preemption_table.items() for r in p}:
-            raise KVInvariantError("the preemption table's index is stale")
-        for b, (rt_id, be_id) in self.preemption_table.items():
-            if self.left[b] != rt_id or be_id not in self._ckpt:
-                raise KVInvariantError(f"preemption table entry {b}: {(rt_id, be_id)} is stale")
+        from sloserve.engine.kv_bidirectional_invariants import check_bidirectional
+
+        check_bidirectional(self)
