@@ -10,6 +10,7 @@ import numpy as np
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import ConstantCostModel, CostModel
+from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits, Scheduler
@@ -62,4 +63,20 @@ def times(inst: Instance, r: Request) -> np.ndarray:
 def req(i: int, arrival: float, prompt: int, output: int, **kw: Any) -> Request:
     return Request(
         req_id=i, arrival=arrival, num_prompt_tokens=prompt, true_output_len=output, **kw
+    )
+
+
+def small_linear_cost() -> LinearCostModel:
+    """A linear cost model with every term present, small enough for tiny KV caches (the
+    property tests' and the prefix-cache runs')."""
+    return LinearCostModel(
+        LinearCoefficients(
+            intercept=0.005,
+            token_floor=0.004,
+            per_token=2e-5,
+            per_decode_kv=1e-6,
+            per_prefill_work=1e-8,
+        ),
+        kv_bytes_per_token=1000,
+        swap_bytes_per_s=1e9,
     )

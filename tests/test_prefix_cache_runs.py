@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import small_linear_cost
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
-from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
@@ -19,17 +19,7 @@ from sloserve.engine.prefix_cache import PrefixCachingKVManager
 from sloserve.metrics.summary import request_table
 
 TRACE = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
-COST = LinearCostModel(
-    LinearCoefficients(
-        intercept=0.005,
-        token_floor=0.004,
-        per_token=2e-5,
-        per_decode_kv=1e-6,
-        per_prefill_work=1e-8,
-    ),
-    kv_bytes_per_token=1000,
-    swap_bytes_per_s=1e9,
-)
+COST = small_linear_cost()
 POLICIES = ["vllm", "sarathi", "andes", "edf", "rr", "sarathi-ef", "vllm-hy", "bros-nobicache"]
 
 

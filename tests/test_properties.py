@@ -4,26 +4,15 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import make_instance, req, run, times
+from helpers import make_instance, req, run, small_linear_cost, times
 from sloserve.core.request import SLO, QoESpec, RequestStatus
 from sloserve.costmodel.base import ConstantCostModel
-from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
 from sloserve.metrics.summary import request_table
 from sloserve.policies.registry import policy_names
 
 COSTS = {
     "constant": lambda: ConstantCostModel(0.01, swap_s_per_token=1e-4),
-    "linear": lambda: LinearCostModel(
-        LinearCoefficients(
-            intercept=0.005,
-            token_floor=0.004,
-            per_token=2e-5,
-            per_decode_kv=1e-6,
-            per_prefill_work=1e-8,
-        ),
-        kv_bytes_per_token=1000,
-        swap_bytes_per_s=1e9,
-    ),
+    "linear": small_linear_cost,
 }
 
 workloads = st.lists(
