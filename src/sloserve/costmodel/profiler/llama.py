@@ -76,6 +76,34 @@ def tiny_llama_spec(
     name: str = "tiny-llama",
 ) -> ModelSpec:
     """A small Llama-shaped :class:`ModelSpec` that profiles on a CPU in seconds."""
+    return llama_spec(
+        name=name,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab_size,
+        dtype_bytes=dtype_bytes,
+        max_context=max_context,
+    )
+
+
+def llama_spec(
+    *,
+    name: str,
+    num_layers: int,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    vocab_size: int,
+    max_context: int = 4096,
+    dtype_bytes: int = 2,
+    tied_embeddings: bool = False,
+) -> ModelSpec:
+    """The :class:`ModelSpec` of a Llama-style model of this shape, with its parameter
+    count from :func:`llama_param_count`."""
     params = llama_param_count(
         num_layers=num_layers,
         hidden_size=hidden_size,
@@ -83,6 +111,7 @@ def tiny_llama_spec(
         num_kv_heads=num_kv_heads,
         intermediate_size=intermediate_size,
         vocab_size=vocab_size,
+        tied_embeddings=tied_embeddings,
     )
     return ModelSpec(
         name=name,
@@ -95,6 +124,7 @@ def tiny_llama_spec(
         params_b=params / 1e9,
         dtype_bytes=dtype_bytes,
         max_context=max_context,
+        tied_embeddings=tied_embeddings,
     )
 
 

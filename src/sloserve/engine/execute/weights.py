@@ -146,19 +146,9 @@ def checkpoint_spec(path: Path, cfg: dict[str, Any]) -> ModelSpec:
         inter, vocab = int(cfg["intermediate_size"]), int(cfg["vocab_size"])
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"--model {path}: config.json lacks a usable field {e}") from None
-    from sloserve.costmodel.profiler.llama import llama_param_count
+    from sloserve.costmodel.profiler.llama import llama_spec
 
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    params = llama_param_count(
-        num_layers=layers,
-        hidden_size=h,
-        num_heads=heads,
-        num_kv_heads=kv,
-        intermediate_size=inter,
-        vocab_size=vocab,
-        tied_embeddings=tied,
-    )
-    return ModelSpec(
+    return llama_spec(
         name=path.name,
         num_layers=layers,
         hidden_size=h,
@@ -166,9 +156,8 @@ def checkpoint_spec(path: Path, cfg: dict[str, Any]) -> ModelSpec:
         num_kv_heads=kv,
         intermediate_size=inter,
         vocab_size=vocab,
-        params_b=params / 1e9,
         max_context=int(cfg.get("max_position_embeddings", 4096)),
-        tied_embeddings=tied,
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
     )
 
 
