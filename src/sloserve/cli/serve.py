@@ -465,8 +465,6 @@ def _local_backend(
         raise ConfigError(f"--time-scale {time_scale}: the local backend runs in real time")
     if output_length is not None:
         raise ConfigError("--output-length: the local model ends its outputs (EOS, max_tokens)")
-    if not 0 <= temperature <= 100:  # before the weights load (minutes for a large model)
-        raise ConfigError(f"--temperature must be in [0, 100], got {temperature}")
     if flags.get("profile") is None:
         catalog = model_spec if model_spec not in (None, "tiny") else "llama-2-7b"
         flags = {**flags, "profile": f"{catalog}@{gpu}"}
