@@ -143,3 +143,16 @@ def test_batch_jobs_follow_the_qoe_speed_rule() -> None:
     be = [r for r in simulate(cfg).requests if r.req_class is BE]
     s = np.array([r.qoe.tokens_per_s for r in be if r.qoe is not None])
     assert s.mean() == pytest.approx(3.3, abs=0.3)
+
+
+def test_num_batches_and_duration_whichever_ends_first() -> None:
+    """Like open-loop arrivals with num_requests and duration_s: no batch starts after
+    duration_s, however large num_batches is (a huge count once ran on for ever)."""
+    cfg = batch_cfg(BatchJobs(batch_size=4, num_batches=77_847_089), duration=3.0)
+    res = simulate(cfg)
+    be = [r for r in res.requests if r.req_class is BE]
+    assert be and max(r.arrival for r in be) < 3.0
+    assert len(be) % 4 == 0 and len(be) < 4 * 1000
+    # num_batches still ends it first when it is the smaller bound
+    few = simulate(batch_cfg(BatchJobs(batch_size=4, num_batches=2), duration=30.0))
+    assert len([r for r in few.requests if r.req_class is BE]) == 8

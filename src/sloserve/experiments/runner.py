@@ -372,10 +372,13 @@ class _BatchFeeder:
         self._schedule(jobs.start_s)
 
     def _more(self, at: float) -> bool:
-        if self.jobs.num_batches is not None:
-            return self.batches < self.jobs.num_batches
+        # Like open-loop arrivals with num_requests and duration_s: whichever ends first.
+        # (num_batches alone once ran past the window: a huge count never ended.)
+        n = self.jobs.num_batches
+        if n is not None and self.batches >= n:
+            return False
         d = self.cfg.workload.duration_s
-        return d is not None and at < d
+        return d is None or at < d
 
     def _schedule(self, at: float) -> None:
         if not self._more(at):

@@ -11,7 +11,8 @@ Three sources of requests, combinable with closed-loop best-effort batches:
 
 **Batch jobs** (``batch_jobs``) are BROS §7.1's best-effort load: a batch of requests is
 submitted, and the next one when every request of the previous batch has completed (closed
-loop; the runner submits them as the simulation goes).
+loop; the runner submits them as the simulation goes): at most ``num_batches``, none after
+``duration_s`` when both are set.
 
 SLO rules per class: a preset (``bros``: RT TTFT 0.4 s / TPOT 0.2 s; ``qlm``: end-to-end
 deadlines, 30 s for latency-sensitive RT and 300 s for batch BE, our reading of QLM §8's
@@ -216,7 +217,10 @@ class BatchJobs(BaseModel):
 
     mix: str = "be-synthetic"
     batch_size: int = Field(default=64, ge=1, le=1_000_000)
-    num_batches: Count | None = Field(default=None, description="default: until duration_s")
+    num_batches: Count | None = Field(
+        default=None,
+        description="at most this many batches; none starts after duration_s (if set)",
+    )
     start_s: Time = 0.0
     gap_s: Time = 0.0
     req_class: RequestClass = RequestClass.BE
@@ -586,4 +590,3 @@ def _from_table(
         except ValueError as e:
             raise WorkloadError(f"{spec.trace}: request {i}: {e}") from e
     return out
-
