@@ -127,6 +127,8 @@ def test_max_rate_of_a_fixed_cluster(
         ),
         (["--slo", "ttft_p90"], ["--slo: 'ttft_p90' is not METRIC[_pNN]=VALUE"]),
         (["--max-rate"], ["--max-rate: give the fixed cluster with --config"]),
+        (["--screen", "1"], ["--screen: 1 outside (0, 1)"]),
+        (["--screen", "-0.5"], ["--screen"]),
         (["--gpu-price", "x"], ["--gpu-price: 'x' is not PROFILE=USD"]),
         (["--layouts", "pd:1"], ["--layouts: 'pd:1' is not 'agg' or 'pd:P:D'"]),
         (["--router-params", "x"], ["--router-params: 'x' is not ROUTER.KEY=VALUE"]),

@@ -15,7 +15,7 @@ from rich.table import Table
 from sloserve.cli._app import ExecutorOpt, app, console, err_console
 from sloserve.cli._bounded import bounded
 from sloserve.cli._progress import progress_bar
-from sloserve.core.bounds import Count, Fraction, Workers
+from sloserve.core.bounds import Count, Fraction, UnitInterval, Workers
 from sloserve.core.errors import ConfigError
 
 
@@ -159,6 +159,15 @@ def capacity(
         bool,
         typer.Option("--no-early-stop", help="Run every simulation to its end."),
     ] = False,
+    screen: Annotated[
+        float,
+        bounded(
+            UnitInterval,
+            "--screen",
+            help="Search this first share of a window of >= 240 s first, then verify on the "
+            "whole window from that answer (0: off; only whole-window runs decide).",
+        ),
+    ] = 0.25,
     out: Annotated[
         Path,
         typer.Option("--out", help="Output folder (tables, plots, explain.md, deploy/)."),
@@ -212,6 +221,7 @@ def capacity(
             router_params=_router_params(router_params),
             tolerance=tolerance,
             early_stop=not no_early_stop,
+            screen=screen or None,
             executor=ex,
             out=out,
             progress=progress,

@@ -15,6 +15,7 @@ monotonicity checks. The rate search of one arm starts from the answer at the ra
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,6 +179,37 @@ def _hint(x: float, r: ProbeResult) -> float | None:
     return x * r.load_ratio if r.load_ratio > 1.2 else None
 
 
+SCREEN_FRACTION = 0.25
+"""Default share of the window a screening search runs on."""
+SCREEN_MIN_S = 240.0
+"""Windows shorter than this are searched directly (a quarter of them says too little)."""
+
+
+def screen_window(base: Mapping[str, Any], fraction: float | None) -> dict[str, Any] | None:
+    """``base`` cut to the first ``fraction`` of its ``duration_s`` for a screening search
+    (None: no screening — no fraction, a window under :data:`SCREEN_MIN_S`, a workload
+    bounded by a request count or driven by closed-loop batch jobs)."""
+    if not fraction:
+        return None
+    if not 0 < fraction < 1:
+        raise ConfigError(f"--screen: {fraction:g} outside (0, 1)")
+    wl = base.get("workload") or {}
+    duration = wl.get("duration_s")
+    if duration is None or float(duration) < SCREEN_MIN_S:
+        return None
+    if wl.get("num_requests") is not None or wl.get("batch_jobs"):
+        return None
+    out: dict[str, Any] = json.loads(json.dumps(dict(base)))
+    out["workload"]["duration_s"] = float(duration) * fraction
+    return out
+
+
+def _start(searches: Mapping[tuple[Arm, float], FewestSearch], arm: Arm, rate: float) -> int:
+    """Where a search starts: the arm's answer at the highest lower rate, else its minimum."""
+    prev = [s.answer for (a, r), s in searches.items() if a == arm and r < rate]
+    return max([x for x in prev if x is not None] or [arm.layout.min_replicas])
+
+
 def fewest_gpus(
     base: Mapping[str, Any],
     arms: Sequence[Arm],
@@ -190,11 +222,16 @@ def fewest_gpus(
     prices: Mapping[str, float] | None = None,
     router_params: Mapping[str, Mapping[str, Any]] | None = None,
     early_stop: bool = True,
+    screen: float | None = SCREEN_FRACTION,
     executor: Executor | str | None = None,
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> CapacityResult:
-    """For each rate and arm, the fewest replicas meeting the targets on every seed."""
+    """For each rate and arm, the fewest replicas meeting the targets on every seed.
+
+    ``screen``: first search on that fraction of the window (its first part: the same
+    arrivals, one seed), then start the full-window search at the screening answer (None
+    or 0: no screening; see :func:`screen_window`). Only full-window runs decide."""
     if not arms:
         raise ConfigError("the search space is empty (no profile, router or policy)")
     if not 1 <= max_replicas <= MAX_REPLICAS:
@@ -206,40 +243,67 @@ def fewest_gpus(
     native = native_rate(base)
     rps = router_params or {}
     col = _Collector(progress)
+    screened = _Collector(progress)
+    window = screen_window(base, screen)
     ex, owned = as_executor(executor, workers)
     rounds = 0
     searches: dict[tuple[Arm, float], FewestSearch] = {}
+
+    def make_task(run_base: Mapping[str, Any]) -> Callable[[Search, float, int], Probe]:
+        def task(s: Search, x: float, seed: int) -> Probe:
+            t_arm, t_rate = cast(tuple[Arm, float], s.key)
+            return Probe(
+                dict(run_base),
+                t_arm,
+                int(x),
+                t_rate,
+                seed,
+                tuple(targets),
+                attainment,
+                native,
+                tuple(sorted(price.items())),
+                tuple(sorted(rps.get(t_arm.router, {}).items())),
+                early_stop,
+            )
+
+        return task
+
     try:
         # Rates in increasing order, every arm of a rate at once: the answer at one rate
         # is where the next rate's bracket starts.
         for rate in sorted(rates):
+            guesses: dict[Arm, int | None] = {}
+            if window is not None:
+                lo = {arm: arm.layout.min_replicas for arm in arms}
+                first = [
+                    FewestSearch((arm, rate), lo[arm], max_replicas, _start(searches, arm, rate))
+                    for arm in arms
+                ]
+                rounds += run_searches(
+                    first,
+                    make_task(window),
+                    run_probe,
+                    lambda r: bool(r.passes),
+                    ex,
+                    seeds=seeds[:1],
+                    on_result=screened,
+                    hint=_hint,
+                )
+                guesses = {arm: f.answer for arm, f in zip(arms, first, strict=True)}
             batch = []
             for arm in arms:
-                prev = [s.answer for (a, r), s in searches.items() if a == arm and r < rate]
-                start = max([x for x in prev if x is not None] or [arm.layout.min_replicas])
-                s = FewestSearch((arm, rate), arm.layout.min_replicas, max_replicas, start)
+                s = FewestSearch(
+                    (arm, rate),
+                    arm.layout.min_replicas,
+                    max_replicas,
+                    _start(searches, arm, rate),
+                    guess=guesses.get(arm),
+                )
                 searches[(arm, rate)] = s
                 batch.append(s)
-
-            def task(s: Search, x: float, seed: int) -> Probe:
-                t_arm, t_rate = cast(tuple[Arm, float], s.key)
-                return Probe(
-                    dict(base),
-                    t_arm,
-                    int(x),
-                    t_rate,
-                    seed,
-                    tuple(targets),
-                    attainment,
-                    native,
-                    tuple(sorted(price.items())),
-                    tuple(sorted(rps.get(t_arm.router, {}).items())),
-                    early_stop,
-                )
-
             rounds += run_searches(
                 batch,
-                task,
+                make_task(base),
                 run_probe,
                 lambda r: bool(r.passes),
                 ex,
@@ -291,13 +355,21 @@ def fewest_gpus(
     return CapacityResult(
         "fewest-gpus",
         answers,
-        pd.DataFrame([_row(r) for r in col.results]),
+        pd.DataFrame(
+            [{**_row(r), "screen": True} for r in screened.results]
+            + [{**_row(r), "screen": False} for r in col.results]
+        ),
         checks,
         rounds,
-        len(col.results),
+        len(col.results) + len(screened.results),
         time.perf_counter() - t0,
         configurations=len(rates) * sum(max_replicas - a.layout.min_replicas + 1 for a in arms),
-        settings={"native_rate": native, "seeds": list(seeds), "prices": price},
+        settings={
+            "native_rate": native,
+            "seeds": list(seeds),
+            "prices": price,
+            "screen_window_s": None if window is None else window["workload"]["duration_s"],
+        },
     )
 
 
@@ -436,7 +508,7 @@ def highest_rate(
     return CapacityResult(
         "max-rate",
         pd.DataFrame(rows),
-        pd.DataFrame([_row(r) for r in col.results]),
+        pd.DataFrame([{**_row(r), "screen": False} for r in col.results]),
         checks,
         rounds,
         len(col.results),

@@ -15,7 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from sloserve.core.errors import ConfigError
-from sloserve.experiments.capacity.planner import CapacityResult, fewest_gpus, highest_rate
+from sloserve.experiments.capacity.planner import (
+    SCREEN_FRACTION,
+    CapacityResult,
+    fewest_gpus,
+    highest_rate,
+)
 from sloserve.experiments.capacity.slo import Target, check_attainment, check_reachable, parse_slo
 from sloserve.experiments.capacity.space import (
     Layout,
@@ -89,6 +94,7 @@ def plan_capacity(
     router_params: Mapping[str, Mapping[str, Any]] | None = None,
     tolerance: float = 0.05,
     early_stop: bool = True,
+    screen: float | None = SCREEN_FRACTION,
     executor: Executor | str | None = None,
     workers: int | None = None,
     out: str | Path | None = None,
@@ -102,6 +108,8 @@ def plan_capacity(
     None: the workload's own per-class SLOs) at ``attainment`` on every seed. With
     ``max_rate``: the highest rate the config's fixed ``cluster:`` sustains under each
     router × policy. ``out``: write the folder (tables, plots, explanation, deployment).
+    ``screen``: search a first share of a window of >= 240 s first, then verify on the
+    whole window starting at that answer (only whole-window runs decide; None: off).
 
     >>> import sloserve
     >>> res = sloserve.plan_capacity(
@@ -187,6 +195,7 @@ def plan_capacity(
         prices=prices,
         router_params=rparams,
         early_stop=early_stop,
+        screen=screen,
         executor=executor,
         workers=workers,
         progress=progress,

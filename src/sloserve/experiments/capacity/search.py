@@ -57,6 +57,11 @@ class FewestSearch:
     hint: int | None = None
     """The largest count a failing run suggested (its load ratio times its count): a
     throughput bound, so the bracket jumps there instead of doubling."""
+    guess: int | None = None
+    """A likely answer (a screening search's, on a shorter window): the first round
+    tries it and the count below it, and while neither passes the bracket grows by
+    ``guess_growth`` (the answer is expected near), not by doubling."""
+    guess_growth: float = 1.25
 
     def __post_init__(self) -> None:
         self.start = min(max(self.start, self.low), self.high)
@@ -76,10 +81,22 @@ class FewestSearch:
 
     def propose(self, k: int) -> list[int]:
         lo, hi = self._bracket()
+        g = self.guess
+        if g is not None and not self.visited:
+            g = min(max(g, self.low), self.high)
+            return sorted({max(self.low, g - 1), g})
         if hi is None:  # no pass yet: double upward from the start (or the last miss)
             if self.hint is not None and self.hint > lo + 1:
                 # k points from the throughput bound up (the SLO may need headroom)
                 pts = [min(self.high, math.ceil(self.hint * 1.3**j)) for j in range(k)]
+            elif g is not None and lo >= self.low:
+                # the guess missed, not by a throughput shortfall: k points over one small
+                # step up (the answer is expected near)
+                step = self.guess_growth
+                pts = [
+                    min(self.high, max(lo + 1 + j, math.floor(lo * step ** ((j + 1) / k))))
+                    for j in range(k)
+                ]
             else:
                 base = max(lo + 1, 2 * lo, self.start)
                 pts = [min(self.high, base * 2**j) for j in range(k)]

@@ -1,0 +1,102 @@
+"""Screening: a search on the first part of the window, then the whole window from its
+answer. Only whole-window runs decide, so the answer is the one a direct search finds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import sloserve
+from sloserve.core.errors import ConfigError
+from sloserve.experiments.capacity.planner import SCREEN_MIN_S, screen_window
+from sloserve.experiments.capacity.search import FewestSearch, run_searches
+from sloserve.experiments.executor import LocalExecutor
+
+PROFILES = Path(sloserve.__file__).parent / "costmodel" / "profiles"
+
+
+@pytest.fixture(scope="module")
+def const_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Llama-2-7B on an A100 whose every iteration takes 10 ms, whatever it holds."""
+    data = yaml.safe_load((PROFILES / "llama-2-7b-a100.yaml").read_text())
+    data.update(name="const-10ms", source="test", coefficients={"intercept": 0.01})
+    data.pop("fit_report", None)
+    path = tmp_path_factory.mktemp("prof") / "const.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _base(rate: float, duration: float) -> dict[str, Any]:
+    # 10 steps of 10 ms per request, one request per replica: ceil(rate * 0.1) replicas.
+    return {
+        "workload": {
+            "arrival": {"kind": "constant", "rate": rate},
+            "duration_s": duration,
+            "prompt": {"kind": "fixed", "value": 16},
+            "output": {"kind": "fixed", "value": 10},
+        },
+        "instance": {"max_running": 1},
+    }
+
+
+def test_the_window_is_cut_only_when_long_enough() -> None:
+    long = _base(1.0, 400.0)
+    cut = screen_window(long, 0.25)
+    assert cut is not None and cut["workload"]["duration_s"] == 100.0
+    assert long["workload"]["duration_s"] == 400.0  # the base is not changed
+    assert screen_window(_base(1.0, SCREEN_MIN_S - 1), 0.25) is None
+    assert screen_window(long, None) is None and screen_window(long, 0) is None
+    counted = _base(1.0, 400.0)
+    counted["workload"]["num_requests"] = 100
+    assert screen_window(counted, 0.25) is None
+    with pytest.raises(ConfigError, match="--screen"):
+        screen_window(long, 1.5)
+
+
+def _threshold(item: tuple[int, float]) -> bool:
+    need, x = item
+    return x >= need
+
+
+@pytest.mark.parametrize("guess", [3, 9, 10, 11, 20])
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_guess_starts_the_search_and_never_changes_the_answer(guess: int, k: int) -> None:
+    s = FewestSearch("a", 1, 64, 1, guess=guess)
+    assert s.propose(k) == [guess - 1, guess]  # the guess and the count below it
+    with LocalExecutor(1) as ex:
+        run_searches([s], lambda _s, x, _seed: (10, x), _threshold, bool, ex, k=k)
+    assert s.answer == 10 and s.neighbour == 9 and not s.violations()
+    if guess == 10:
+        assert len(s.visited) == 2  # a right guess costs two runs
+    # a guess one off costs a few more, never a doubling's overshoot
+    assert max(s.visited) <= max(guess, math.floor(9 * 1.25) + k)
+
+
+def test_screening_finds_the_same_minimum_as_a_direct_search(const_profile: str) -> None:
+    rate = 45.0
+    kw: dict[str, Any] = dict(
+        slo="ttft=50ms",
+        attainment=0.99,
+        profiles=[const_profile],
+        routers="round-robin",
+        policies="vllm",
+        rates=[rate],
+        seeds=[0],
+        workers=1,
+    )
+    base = _base(rate, 240.0)
+    direct = sloserve.plan_capacity(base, screen=None, **kw)
+    screened = sloserve.plan_capacity(base, **kw)
+    assert int(direct.answers.at[0, "replicas"]) == math.ceil(rate * 0.1) == 5
+    assert int(screened.answers.at[0, "replicas"]) == 5
+    assert int(screened.answers.at[0, "neighbour_replicas"]) == 4
+    probes = screened.probes
+    assert probes["screen"].any() and not direct.probes["screen"].any()
+    # the whole-window runs of the screened search: the guess and the count below it
+    full = probes[~probes["screen"]]
+    assert sorted(full["replicas"]) == [4, 5]
+    assert screened.settings["screen_window_s"] == 60.0
