@@ -100,3 +100,35 @@ def test_screening_finds_the_same_minimum_as_a_direct_search(const_profile: str)
     full = probes[~probes["screen"]]
     assert sorted(full["replicas"]) == [4, 5]
     assert screened.settings["screen_window_s"] == 60.0
+
+
+def test_a_probe_on_a_cached_workload_is_the_probe_on_a_built_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sloserve.experiments.capacity import probe as probe_mod
+    from sloserve.experiments.capacity.probe import Probe, run_probe
+    from sloserve.experiments.capacity.slo import parse_slo
+    from sloserve.experiments.capacity.space import Arm
+
+    base = {"workload": {"arrival": {"kind": "poisson", "rate": 6}, "duration_s": 30}}
+    arm = Arm("llama-2-7b-a40", "least-loaded", "vllm")
+    targets = parse_slo("ttft_p90=500ms,tpot_p90=50ms")
+
+    def fields(n: int, stop: bool) -> tuple[Any, ...]:
+        r = run_probe(Probe(base, arm, n, 6.0, 1, targets, 0.9, early_stop=stop))
+        # repr: a stopped run's gpu_seconds is nan, which equals nothing
+        return (
+            r.passes,
+            repr(r.attainment),
+            r.stopped_at_s,
+            r.requests,
+            repr(r.gpu_seconds),
+            r.shares,
+        )
+
+    probe_mod._built.cache_clear()
+    cached = [fields(n, s) for n in (1, 2) for s in (True, False)]
+    assert probe_mod._built.cache_info().hits >= 3  # one build, reused
+    monkeypatch.setattr(probe_mod, "_workload", lambda _cfg: None)
+    built = [fields(n, s) for n in (1, 2) for s in (True, False)]
+    assert cached == built

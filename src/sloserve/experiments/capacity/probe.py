@@ -10,16 +10,21 @@ point a stopped run was stopped.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.experiments.capacity.slo import MissWatch, Target, certain_misses, verdict
 from sloserve.experiments.capacity.space import Arm, groups, load_point, with_rate
+
+if TYPE_CHECKING:
+    from sloserve.experiments.runner import SimConfig
+    from sloserve.workloads.spec import Workload
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,29 @@ def load_ratio(reqs: Sequence[Request], now: float) -> float:
     return min(offered / served, 16.0)
 
 
+@functools.lru_cache(maxsize=8)
+def _built(spec_json: str, max_context: int) -> Workload:
+    from sloserve.workloads.spec import WorkloadSpec, build_workload
+
+    return build_workload(WorkloadSpec.model_validate_json(spec_json), max_context=max_context)
+
+
+def _workload(cfg: SimConfig) -> Workload | None:
+    """The probe's workload, built once per worker process for each distinct workload
+    (a search simulates the same arrivals at many replica counts; reading and scaling
+    the trace was a tenth of a short probe). None (build it in the run): a closed loop,
+    whose requests depend on the run."""
+    from sloserve.costmodel.profile import load_profile
+
+    if cfg.workload.batch_jobs:
+        return None
+    spec = cfg.workload.model_dump_json()
+    w = _built(spec, load_profile(cfg.instance.profile).model.max_context)
+    if getattr(w, "sessions", None) is not None:
+        return None
+    return w  # simulate_cluster replays copies of its requests (runner.fresh)
+
+
 def run_probe(p: Probe) -> ProbeResult:
     """Simulate the probe's point and judge it (the capacity search's executor task)."""
     from sloserve.costmodel.profile import load_profile
@@ -167,7 +195,7 @@ def run_probe(p: Probe) -> ProbeResult:
     gpus = sum(g.count * load_profile(g.profile or cfg.instance.profile).tp for g in ccfg.replicas)
     duration = cfg.workload.duration_s or 0.0
     try:
-        res = simulate_cluster(cfg, ccfg, watch=watch)
+        res = simulate_cluster(cfg, ccfg, _workload(cfg), watch=watch)
     except StoppedEarly as stop:
         reqs = stop.requests
         n = watch.counted if watch is not None else 0
