@@ -91,9 +91,9 @@ def test_screening_finds_the_same_minimum_as_a_direct_search(const_profile: str)
     base = _base(rate, 240.0)
     direct = sloserve.plan_capacity(base, screen=None, **kw)
     screened = sloserve.plan_capacity(base, **kw)
-    assert int(direct.answers.at[0, "replicas"]) == math.ceil(rate * 0.1) == 5
-    assert int(screened.answers.at[0, "replicas"]) == 5
-    assert int(screened.answers.at[0, "neighbour_replicas"]) == 4
+    assert int(direct.answers["replicas"][0]) == math.ceil(rate * 0.1) == 5
+    assert int(screened.answers["replicas"][0]) == 5
+    assert int(screened.answers["neighbour_replicas"][0]) == 4
     probes = screened.probes
     assert probes["screen"].any() and not direct.probes["screen"].any()
     # the whole-window runs of the screened search: the guess and the count below it
