@@ -58,6 +58,7 @@ from sloserve.experiments.runner import (
     schedule_arrivals,
     workload_of,
 )
+from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.summary import request_table, summarize
 from sloserve.workloads.spec import Workload
 
@@ -274,9 +275,10 @@ def simulate_cluster(
     for sw in ccfg.model_swaps:
         clu.schedule_model_swap(sw.replica, sw.at_s, sw.model)
     feeder = _BatchFeeder(cfg, workload.batch_jobs, env, clu, reqs) if workload.batch_jobs else None
+    turns = SessionFeeder(workload.sessions, env, clu)  # closed-loop session turns
     schedule_arrivals(env, reqs, clu)  # the same event chain as runner.simulate
     total = len(reqs)
-    clu.pending_arrivals = lambda: clu.submitted < total
+    clu.pending_arrivals = lambda: clu.submitted < total or turns.pending > 0
     clu.start_controller()
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
     if horizon != math.inf:
@@ -287,7 +289,7 @@ def simulate_cluster(
     left = clu.close(horizon)
     if feeder is not None:
         reqs = reqs + feeder.submitted
-    reqs = [r for r in reqs if r.req_id in clu.ended]
+    reqs = [r for r in reqs + turns.submitted if r.req_id in clu.ended]
     sim_s = (
         horizon
         if left and horizon != math.inf
