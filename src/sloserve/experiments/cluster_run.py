@@ -47,7 +47,7 @@ from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_time
 from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
-from sloserve.engine.prefix_cache import prefix_summary
+from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -432,7 +432,9 @@ def _result(
         "seed": cfg.workload.seed,
         "workload_notes": workload.notes
         + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
-        **prefix_summary(i.kv for i in insts),
+        **prefix_summary(
+            [i.kv for i in insts], replicas=[replica_of[i.instance_id] for i in insts], end=sim_s
+        ),
     }
     summary = summarize(
         table,

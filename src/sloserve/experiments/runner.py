@@ -26,7 +26,8 @@ from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.executor import Executor
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
-from sloserve.engine.prefix_cache import PrefixCachingKVManager, prefix_summary
+from sloserve.engine.prefix_cache import PrefixCachingKVManager
+from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.summary import request_table, summarize, token_times
@@ -312,7 +313,7 @@ def simulate(
             "seed": cfg.workload.seed,
             "workload_notes": workload.notes
             + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
-            **prefix_summary([inst.kv]),
+            **prefix_summary([inst.kv], end=sim_s),
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0
