@@ -54,9 +54,8 @@ the policy again.
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
-from itertools import chain, islice, repeat
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import Request, RequestStatus
@@ -70,11 +69,6 @@ SOURCE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake's traces (the prompt identity's grain)."""
 
 _MIX = 0x9E3779B97F4A7C15
-
-
-def _drain(it: Iterator[object]) -> None:
-    """Run an iterator (a ``map`` doing the work) to its end in C."""
-    deque(it, maxlen=0)
 
 
 @functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
@@ -168,20 +162,17 @@ class PrefixCachingKVManager(PagedKVManager):
         if n <= 0:
             return
         self.evicted_units += n
-        # The oldest n, each step a C loop (this runs once per evicted unit: ~245k times
-        # on the conversation trace over 16 replicas).
-        keys = list(islice(lru, n))
-        _drain(map(lru.__delitem__, keys))
-        free.extend(chain.from_iterable(map(index.pop, keys)))
-        _drain(map(ref.__delitem__, keys))
-        if self.cpu_cache_units:
-            # Each key to the host LRU's newest end, the oldest beyond capacity dropped:
-            # what inserting them one by one and trimming after each leaves.
-            host = self._host
-            _drain(map(host.pop, keys, repeat(None)))
-            host.update(dict.fromkeys(keys))
-            for _ in range(len(host) - self.cpu_cache_units):
-                host.popitem(last=False)
+        host = self._host if self.cpu_cache_units else None
+        popitem = lru.popitem
+        for _ in range(n):
+            key = popitem(last=False)[0]
+            free.extend(index.pop(key))
+            del ref[key]
+            if host is not None:
+                host[key] = None
+                host.move_to_end(key)
+                if len(host) > self.cpu_cache_units:
+                    host.popitem(last=False)
 
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
@@ -289,27 +280,17 @@ class PrefixCachingKVManager(PagedKVManager):
             held = self._held[rid] = []
         table = self._tables[rid]
         u = self.unit_blocks
-        index = self._index
-        new = keys[k:full]
-        stop = full
-        if not index.keys().isdisjoint(new):  # computed by another request too
-            stop = k + next(j for j, key in enumerate(new) if key in index)
-            new = new[: stop - k]
-        # In bulk (C loops): ~280k units are registered on the conversation trace.
-        index.update(
-            zip(
-                new,
-                map(
-                    table.__getitem__,
-                    map(slice, range(k * u, stop * u, u), range((k + 1) * u, stop * u + 1, u)),
-                ),
-                strict=True,
-            )
-        )
-        self._ref.update(dict.fromkeys(new, 1))
-        held.extend(new)
-        self.registered += stop - k
-        if stop < full or full == len(keys):  # ours stays private past a duplicate
+        index, ref = self._index, self._ref
+        for i in range(k, full):
+            key = keys[i]
+            if key in index:  # computed by another request too: ours stays private
+                self._open.discard(rid)
+                return
+            index[key] = table[i * u : (i + 1) * u]
+            ref[key] = 1
+            held.append(key)
+            self.registered += 1
+        if full == len(keys):
             self._open.discard(rid)
 
     # ------------------------------------------------------------------ allocation
@@ -353,18 +334,13 @@ class PrefixCachingKVManager(PagedKVManager):
         table = self._tables.pop(req_id)
         self._tokens.pop(req_id, None)
         ref, lru = self._ref, self._lru
-        rev = held[::-1]  # the tail is evicted first
-        if all(map((1).__eq__, map(ref.__getitem__, rev))):  # the usual case, in C loops
-            ref.update(dict.fromkeys(rev, 0))
-            lru.update(dict.fromkeys(rev))
-        else:
-            for key in rev:
-                c = ref[key] - 1
-                if c < 0:
-                    raise KVInvariantError(f"cached unit {key} referenced {c} times")
-                ref[key] = c
-                if c == 0:
-                    lru[key] = None
+        for key in reversed(held):  # the tail is evicted first
+            c = ref[key] - 1
+            if c < 0:
+                raise KVInvariantError(f"cached unit {key} referenced {c} times")
+            ref[key] = c
+            if c == 0:
+                lru[key] = None
         self._free.extend(table[len(held) * self.unit_blocks :])
         return len(table)
 
