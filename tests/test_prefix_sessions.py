@@ -203,3 +203,36 @@ def test_bad_yaml_is_a_one_line_error_on_the_cli(
     res = run_main(monkeypatch, capsys, "simulate", "--config", str(good))
     assert res.returncode == 0, res.stderr
     assert "prefix hit" in res.stdout
+
+
+def test_hit_rate_over_time_adds_up_to_the_runs_hit_rate() -> None:
+    from sloserve.experiments.html_report import report_data
+
+    wl = spec(
+        num_requests=None,
+        duration_s=40.0,
+        arrival={"kind": "poisson", "rate": 1.0},
+        prefix={"system_prompt_tokens": 1100, "tenants": 3},
+        sessions={"turns": {"mean": 4}, "think_time_s": 2.0},
+    )
+    res = simulate_cluster(
+        SimConfig(workload=wl, policy="sarathi"),
+        ClusterConfig(replicas=[{"count": 3}], router="session-affinity"),
+    )
+    s = res.summary
+    over = s["prefix_hits_over_time"]
+    assert [rep["replica"] for rep in over["replicas"]] == [0, 1, 2]
+    assert over["bin_s"] in (0.5, 1.0, 2.0) and over["t"][-1] <= s["simulated_seconds"]
+    looked = sum(sum(rep["lookup_tokens"]) for rep in over["replicas"])
+    found = sum(sum(rep["hit_tokens"]) for rep in over["replicas"])
+    assert looked == s["prefix_lookup_tokens"] and found == s["prefill_tokens_saved"] > 0
+    for rep in over["replicas"]:
+        rows = zip(rep["lookup_tokens"], rep["hit_tokens"], rep["hit_rate"], strict=True)
+        for lk, h, rate in rows:
+            assert rate is None if lk == 0 else rate == min(1.0, max(0.0, h / lk))
+    series = report_data({"run": res})["timeline"]["prefix_hit"]
+    assert [x["name"] for x in series] == [f"run · replica {i}" for i in range(3)]
+    assert all(0 <= y <= 100 for x in series for y in x["y"])
+    off = simulate(SimConfig(workload=wl, policy="sarathi", instance={"prefix_caching": False}))
+    assert "prefix_hits_over_time" not in off.summary
+    assert report_data({"off": off})["timeline"]["prefix_hit"] == []

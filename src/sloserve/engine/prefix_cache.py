@@ -116,7 +116,7 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        self._index: dict[int, list[int]] = {}  # key -> the unit's blocks (cached units)
+        self._index: dict[int, tuple[int, ...]] = {}  # key -> the unit's blocks (cached units)
         self._ref: dict[int, int] = {}  # key -> requests holding it
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
@@ -215,7 +215,7 @@ class PrefixCachingKVManager(PagedKVManager):
                 host[key] = None  # the host copy stays (newest), as LMCache keeps it
                 if len(host) > self.cpu_cache_units:
                     host.popitem(last=False)
-                blocks = self._free[-u:]
+                blocks = tuple(self._free[-u:])
                 del self._free[-u:]
                 index[key] = blocks
                 ref[key] = 1
@@ -286,7 +286,7 @@ class PrefixCachingKVManager(PagedKVManager):
             if key in index:  # computed by another request too: ours stays private
                 self._open.discard(rid)
                 return
-            index[key] = table[i * u : (i + 1) * u]
+            index[key] = tuple(table[i * u : (i + 1) * u])
             ref[key] = 1
             held.append(key)
             self.registered += 1
@@ -406,7 +406,7 @@ class PrefixCachingKVManager(PagedKVManager):
                     f"request {rid}: {len(table)} blocks for {self._tokens[rid]} tokens"
                 )
             for i, key in enumerate(held):
-                if key not in self._index or table[i * u : (i + 1) * u] != self._index[key]:
+                if key not in self._index or tuple(table[i * u : (i + 1) * u]) != self._index[key]:
                     raise KVInvariantError(f"request {rid}: unit {i} is not cached unit {key}")
                 refs[key] += 1
             for b in table[len(held) * u :]:
