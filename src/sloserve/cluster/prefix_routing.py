@@ -247,5 +247,5 @@ register_router(
 register_router(
     "session-affinity",
     _session_affinity,
-    "sticky by session (the prompt's first blocks), least outstanding otherwise",
+    "sticky by session id (else the prompt's first blocks), least outstanding otherwise",
 )

@@ -116,7 +116,9 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        self._index: dict[int, tuple[int, ...]] = {}  # key -> the unit's blocks (cached units)
+        # key -> the unit's blocks (cached units). Tuples, not lists: the garbage collector
+        # stops tracking a tuple of ints, and ~280k units are cached on a long trace.
+        self._index: dict[int, tuple[int, ...]] = {}
         self._ref: dict[int, int] = {}  # key -> requests holding it
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
