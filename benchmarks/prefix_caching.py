@@ -12,14 +12,19 @@ Three parts (each prints JSON lines, then a markdown table):
   (``--cpu-gib`` per replica), and the routers round-robin, least-loaded,
   session-affinity, prefix-affinity and prefix-load — with hit rate, TTFT p50/p90, TPOT
   mean, throughput and SLO attainment (the trace's default SLOs).
-* ``--speed``: wall time of the whole trace, caching off vs on (round-robin and
-  prefix-affinity), the best of ``--repeat`` runs each (noise on a shared machine only
-  ever adds time), and their ratio.
+* ``--speed``: wall and CPU time (this process's user + system seconds) of the whole
+  trace, caching off vs on (round-robin and prefix-affinity), off and on alternating,
+  the best of ``--repeat`` runs each (noise on a shared machine only ever adds time), and
+  their ratios.
+* ``--sessions``: a generated workload with shared system prompts and closed-loop
+  multi-turn sessions (``prefix: {system_prompt_tokens: 1500, tenants: 20}``, ``sessions:
+  {turns: {mean: 6}, think_time_s: 20}``, ShareGPT messages, 2 sessions/s for 300 s) on
+  ``--session-replicas`` (8) replicas, caching off and on with each router.
 * ``--lookup``: one prefix lookup (``lookup_prefix`` + ``free``) against a cache holding
   the prompt, for prompts of 16 to 4,096 units: the cost per unit is flat (O(blocks of
   the prompt)).
 
-    python benchmarks/prefix_caching.py --table --speed --lookup [--workers 2]
+    python benchmarks/prefix_caching.py --table --speed --lookup --sessions [--workers 2]
 """
 
 from __future__ import annotations
@@ -61,12 +66,27 @@ def config(router: str, caching: bool, cpu_gib: float, replicas: int) -> dict[st
     }
 
 
+SESSIONS: dict[str, Any] = {
+    "mix": "sharegpt",
+    "arrival": {"kind": "poisson", "rate": 2.0},
+    "duration_s": 300.0,
+    "prefix": {"system_prompt_tokens": 1500, "tenants": 20},
+    "sessions": {"turns": {"mean": 6}, "think_time_s": 20.0},
+}
+
+
 def run_one(args: tuple[str, str, bool, float, int]) -> dict[str, Any]:
+    import os
+
     import sloserve
 
     label, router, caching, cpu_gib, replicas = args
-    t0 = time.perf_counter()
-    s = sloserve.simulate(config(router, caching, cpu_gib, replicas)).summary
+    cfg = config(router, caching, cpu_gib, replicas)
+    if label.startswith("sessions"):
+        cfg["workload"] = SESSIONS
+    t0, c0 = time.perf_counter(), os.times()
+    s = sloserve.simulate(cfg).summary
+    c1 = os.times()
     return {
         "setting": label,
         "router": router,
@@ -81,6 +101,7 @@ def run_one(args: tuple[str, str, bool, float, int]) -> dict[str, Any]:
         "slo_attainment": s["slo_attainment"],
         "finished": s["finished"],
         "wall_s": time.perf_counter() - t0,
+        "cpu_s": (c1.user - c0.user) + (c1.system - c0.system),
     }
 
 
@@ -128,6 +149,8 @@ def main() -> None:
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--speed", action="store_true")
     ap.add_argument("--lookup", action="store_true")
+    ap.add_argument("--sessions", action="store_true")
+    ap.add_argument("--session-replicas", type=int, default=8)
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--cpu-gib", type=float, default=64.0, help="CPU tier per replica")
     ap.add_argument("--repeat", type=int, default=3)
@@ -139,18 +162,38 @@ def main() -> None:
         for row in lookup_cost():
             print(json.dumps(row))
     if a.speed:
-        best: dict[tuple[str, bool], float] = {}
+        import os
+
+        print(json.dumps({"loadavg": os.getloadavg()}))
         for router in ("round-robin", "prefix-affinity"):
-            for caching in (False, True):
-                walls = [
-                    run_one((router, router, caching, 0.0, a.replicas))["wall_s"]
-                    for _ in range(a.repeat)
-                ]
-                best[router, caching] = min(walls)
-                print(json.dumps({"router": router, "prefix_caching": caching, "walls": walls}))
-        for router in ("round-robin", "prefix-affinity"):
-            on, off = best[router, True], best[router, False]
-            print(f"{router}: off {off:.2f} s, on {on:.2f} s, on/off = {on / off:.2f}")
+            runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+            for _ in range(a.repeat):
+                for caching in (False, True):  # alternating: both see the same load
+                    runs[caching].append(run_one((router, router, caching, 0.0, a.replicas)))
+            keys = ("wall_s", "cpu_s")
+            best = {(c, k): min(r[k] for r in runs[c]) for c in (False, True) for k in keys}
+            for c in (False, True):
+                print(json.dumps({"router": router, "prefix_caching": c,
+                                  "wall_s": [round(r["wall_s"], 2) for r in runs[c]],
+                                  "cpu_s": [round(r["cpu_s"], 2) for r in runs[c]]}))  # fmt: skip
+            print(
+                f"{router}: off {best[False, 'cpu_s']:.2f} s CPU ({best[False, 'wall_s']:.2f} s "
+                f"wall), on {best[True, 'cpu_s']:.2f} s CPU ({best[True, 'wall_s']:.2f} s wall), "
+                f"on/off = {best[True, 'cpu_s'] / best[False, 'cpu_s']:.2f} CPU, "
+                f"{best[True, 'wall_s'] / best[False, 'wall_s']:.2f} wall"
+            )
+        print(json.dumps({"loadavg": os.getloadavg()}))
+    if a.sessions:
+        jobs = [("sessions, caching off", "round-robin", False, 0.0, a.session_replicas)] + [
+            (f"sessions, {r}", r, True, 0.0, a.session_replicas)
+            for r in ("round-robin", "least-loaded", "session-affinity", "prefix-affinity",
+                      "prefix-load")
+        ]  # fmt: skip
+        with ProcessPoolExecutor(a.workers) as ex:
+            rows = list(ex.map(run_one, jobs))
+        for row in rows:
+            print(json.dumps(row))
+        print(table(rows))
     if a.table:
         jobs = [
             (label, router, caching, a.cpu_gib if cpu < 0 else cpu, a.replicas)

@@ -104,8 +104,10 @@ async def replay_over_http(
 
         async def one(r: TraceRequest) -> dict[str, Any]:
             await asyncio.sleep(max(0.0, t0 + r.arrival / time_scale - time.monotonic()))
+            # A first token of its own: the requests share no prefix (as the simulated
+            # ones, which carry no prompt identity), so the engines' caches find none.
             body = {
-                "model": model, "prompt": [7] * r.num_prompt_tokens,
+                "model": model, "prompt": [1000 + r.req_id] + [7] * (r.num_prompt_tokens - 1),
                 "max_tokens": r.true_output_len, "stream": True,
             }  # fmt: skip
             sent = time.monotonic()

@@ -138,3 +138,8 @@ def workload_export(
         console.print(
             "[yellow]closed-loop batch jobs depend on the server and are not in the file[/yellow]"
         )
+    if wl.sessions is not None:
+        console.print(
+            "[yellow]sessions' later turns arrive closed-loop during a run: only first turns "
+            "are in the file[/yellow]"
+        )

@@ -19,6 +19,7 @@ caches a block when it allocates it): the exact scorer sees them a few iteration
 - ``session-affinity``: sticky by session: a request goes where its session's previous
   request went while that replica accepts requests, else (and for a session's first
   request) to the replica holding the fewest requests. A request's session is its
+  ``session_id`` when it has one (generated sessions, ``workloads/sessions.py``), else its
   prompt's first ``session_blocks`` (2) identity blocks (Mooncake's traces carry no session
   id; a conversation's turns share their first blocks, the first one alone is a system
   prompt shared by everyone); a prompt with fewer blocks has no session and goes by load.
@@ -201,7 +202,7 @@ class SessionAffinityRouter(Router):
         if session_blocks < 1:
             raise ConfigError(f"router_params.session_blocks must be >= 1, got {session_blocks}")
         self.session_blocks = session_blocks
-        self._home: dict[tuple[int, ...], int] = {}
+        self._home: dict[object, int] = {}
         self._least = PipelineRouter(
             "session-affinity",
             [],
@@ -212,7 +213,11 @@ class SessionAffinityRouter(Router):
 
     def route(self, req: RouteRequest, view: ClusterView) -> Decision:
         ids = req.hash_ids or ()
-        session = tuple(ids[: self.session_blocks]) if len(ids) >= self.session_blocks else None
+        session: object = None
+        if req.session_id is not None:
+            session = ("id", req.session_id)
+        elif len(ids) >= self.session_blocks:
+            session = tuple(ids[: self.session_blocks])
         if session is not None:
             home = self._home.get(session)
             if home is not None:
@@ -242,5 +247,5 @@ register_router(
 register_router(
     "session-affinity",
     _session_affinity,
-    "sticky by session (the prompt's first blocks), least outstanding otherwise",
+    "sticky by session id (else the prompt's first blocks), least outstanding otherwise",
 )

@@ -63,11 +63,20 @@ class RouteRequest:
     hash_ids: tuple[int, ...] | None = None
     """The prompt's identity blocks (a trace's ``hash_ids``; in the gateway, hashed text
     chunks): what prefix-aware routers match."""
+    session_id: int | str | None = None
+    """The session it belongs to, if known (what session affinity sticks by)."""
 
     @classmethod
     def of(cls, r: Request) -> RouteRequest:
         return cls(
-            r.req_id, r.model, r.num_prompt_tokens, r.arrival, r.slo, r.priority, r.hash_ids
+            r.req_id,
+            r.model,
+            r.num_prompt_tokens,
+            r.arrival,
+            r.slo,
+            r.priority,
+            r.hash_ids,
+            r.session_id,
         )
 
 

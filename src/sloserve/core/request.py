@@ -141,6 +141,9 @@ class Request:
     hash_ids: tuple[int, ...] | None = None
     """Ids of the prompt's 512-token blocks, from a Mooncake-style trace (equal ids: equal
     prefix blocks): the prompt's identity for prefix caching (``engine/prefix_cache.py``)."""
+    session_id: int | None = None
+    """The multi-turn session it belongs to, if any (generated sessions): session-affinity
+    routing keeps a session on one replica."""
     num_cached_tokens: int = 0
     """Prompt tokens found in the prefix cache when it was last queued on a replica (its
     ``num_computed_tokens`` started there)."""

@@ -55,12 +55,12 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.interface import SchedulerOutput
-from sloserve.engine.kv import KVCacheManager, KVInvariantError, PagedKVManager
+from sloserve.engine.kv import KVInvariantError, PagedKVManager
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -82,15 +82,15 @@ def unit_keys(
     n = covered // unit_tokens
     if n == 0:
         return ()
-    chain: list[int] = []
+    prefix: list[int] = []  # the chained hash of each trace block
     h = 0
     for block in hash_ids[: ((n * unit_tokens) - 1) // source_tokens + 1]:
         h = hash((h, block))
-        chain.append(h)
-    return tuple(
-        hash((chain[(end - 1) // source_tokens], end))
-        for end in range(unit_tokens, n * unit_tokens + 1, unit_tokens)
-    )
+        prefix.append(h)
+    ends = range(unit_tokens, n * unit_tokens + 1, unit_tokens)
+    if unit_tokens == source_tokens:  # unit i is trace block i: the same keys, hashed in C
+        return tuple(map(hash, zip(prefix, ends, strict=True)))
+    return tuple(hash((prefix[(end - 1) // source_tokens], end)) for end in ends)
 
 
 class PrefixCachingKVManager(PagedKVManager):
@@ -116,7 +116,9 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        self._index: dict[int, list[int]] = {}  # key -> the unit's blocks (cached units)
+        # key -> the unit's blocks (cached units). Tuples, not lists: the garbage collector
+        # stops tracking a tuple of ints, and ~280k units are cached on a long trace.
+        self._index: dict[int, tuple[int, ...]] = {}
         self._ref: dict[int, int] = {}  # key -> requests holding it
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
@@ -132,13 +134,16 @@ class PrefixCachingKVManager(PagedKVManager):
         self._ended_seen = 0  # requests ended on the instance at the last refresh
         self.arrived: list[Request] = []  # queued since the last decision: to look up
         # Hit accounting (per replica): prompt tokens looked up, hits on GPU / CPU, and one
-        # (tokens looked up, hit tokens) pair per lookup for a hit rate over time.
+        # (time, tokens looked up, hit tokens) triple per lookup (a release of hits never
+        # used: negative hit tokens) for the hit rate over time; ``now`` is the time the
+        # instance last looked up at.
         self.lookup_tokens = 0
         self.hit_tokens_gpu = 0
         self.hit_tokens_cpu = 0
         self.evicted_units = 0
         self.released_tokens = 0
-        self.hit_log: list[tuple[int, int]] = []
+        self.hit_log: list[tuple[float, int, int]] = []
+        self.now = 0.0
 
     # ------------------------------------------------------------------ capacity
     @property
@@ -212,7 +217,7 @@ class PrefixCachingKVManager(PagedKVManager):
                 host[key] = None  # the host copy stays (newest), as LMCache keeps it
                 if len(host) > self.cpu_cache_units:
                     host.popitem(last=False)
-                blocks = self._free[-u:]
+                blocks = tuple(self._free[-u:])
                 del self._free[-u:]
                 index[key] = blocks
                 ref[key] = 1
@@ -227,7 +232,7 @@ class PrefixCachingKVManager(PagedKVManager):
         if cpu:
             self._copying[rid] = self._copying.get(rid, 0) + cpu * self.unit_tokens
         if looked or gained:
-            self.hit_log.append((looked, gained))
+            self.hit_log.append((self.now, looked, gained))
         self._open.add(rid)
         if held:
             self._held[rid] = held
@@ -283,7 +288,7 @@ class PrefixCachingKVManager(PagedKVManager):
             if key in index:  # computed by another request too: ours stays private
                 self._open.discard(rid)
                 return
-            index[key] = table[i * u : (i + 1) * u]
+            index[key] = tuple(table[i * u : (i + 1) * u])
             ref[key] = 1
             held.append(key)
             self.registered += 1
@@ -360,7 +365,8 @@ class PrefixCachingKVManager(PagedKVManager):
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         table = self._tables.get(req_id)
         have = len(table) if table is not None else 0
-        return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
+        need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - have
+        return need if need > 0 else 0
 
     def swap_in_blocks_needed(self, req_id: int) -> int:
         return self._blocks_for(self._swapped[req_id][0])
@@ -402,7 +408,7 @@ class PrefixCachingKVManager(PagedKVManager):
                     f"request {rid}: {len(table)} blocks for {self._tokens[rid]} tokens"
                 )
             for i, key in enumerate(held):
-                if key not in self._index or table[i * u : (i + 1) * u] != self._index[key]:
+                if key not in self._index or tuple(table[i * u : (i + 1) * u]) != self._index[key]:
                     raise KVInvariantError(f"request {rid}: unit {i} is not cached unit {key}")
                 refs[key] += 1
             for b in table[len(held) * u :]:
@@ -434,7 +440,10 @@ def queue_lookup(inst: Instance, req: Request) -> None:
 
 def reuse_prefix(inst: Instance, req: Request) -> None:
     """``req`` is queued on ``inst`` with no KV: reuse its cached prefix, if any."""
-    hit = inst.kv.lookup_prefix(req)
+    kv = inst.kv
+    if isinstance(kv, PrefixCachingKVManager):
+        kv.now = inst.env.now
+    hit = kv.lookup_prefix(req)
     if hit:
         req.num_computed_tokens = hit
         req.num_cached_tokens = hit
@@ -455,6 +464,7 @@ def refresh_queued(inst: Instance) -> None:
     kv = inst.kv
     if not isinstance(kv, PrefixCachingKVManager):
         return
+    kv.now = inst.env.now
     arrived = bool(kv.arrived)
     if arrived:
         me = inst.instance_id
@@ -483,6 +493,7 @@ def _release(inst: Instance, kv: PrefixCachingKVManager) -> bool:
     for r in reversed(inst.waiting):
         if r.status in _QUEUED and r.num_computed_tokens:
             kv.released_tokens += r.num_computed_tokens  # found, but never used
+            kv.hit_log.append((inst.env.now, 0, -r.num_computed_tokens))
             kv.free(r.req_id)
             r.num_computed_tokens = 0
             r.num_cached_tokens = 0
@@ -506,21 +517,3 @@ def release_queued_prefixes(inst: Instance, out: SchedulerOutput) -> bool:
     if out.batch or not isinstance(kv, PrefixCachingKVManager):
         return False
     return _release(inst, kv)
-
-
-def prefix_summary(kvs: Iterable[KVCacheManager]) -> dict[str, object]:
-    """Hit accounting over replicas' KV managers, for a run summary: whether prefix
-    caching was on, prompt tokens looked up, tokens found (``prefill_tokens_saved``; on the
-    CPU tier: ``prefix_hit_tokens_cpu``), the hit rate and the cached units evicted."""
-    caches = [kv for kv in kvs if isinstance(kv, PrefixCachingKVManager)]
-    looked = sum(kv.lookup_tokens for kv in caches)
-    cpu = sum(kv.hit_tokens_cpu for kv in caches)
-    hit = sum(kv.hit_tokens_gpu - kv.released_tokens for kv in caches) + cpu
-    return {
-        "prefix_caching": bool(caches),
-        "prefix_lookup_tokens": looked,
-        "prefill_tokens_saved": hit,
-        "prefix_hit_tokens_cpu": cpu,
-        "prefix_hit_rate": hit / looked if looked else 0.0,
-        "prefix_evicted_units": sum(kv.evicted_units for kv in caches),
-    }

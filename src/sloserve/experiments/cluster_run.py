@@ -47,7 +47,7 @@ from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_time
 from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
-from sloserve.engine.prefix_cache import prefix_summary
+from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -58,6 +58,7 @@ from sloserve.experiments.runner import (
     schedule_arrivals,
     workload_of,
 )
+from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.summary import request_table, summarize
 from sloserve.workloads.spec import Workload
 
@@ -274,9 +275,10 @@ def simulate_cluster(
     for sw in ccfg.model_swaps:
         clu.schedule_model_swap(sw.replica, sw.at_s, sw.model)
     feeder = _BatchFeeder(cfg, workload.batch_jobs, env, clu, reqs) if workload.batch_jobs else None
+    turns = SessionFeeder(workload.sessions, env, clu)  # closed-loop session turns
     schedule_arrivals(env, reqs, clu)  # the same event chain as runner.simulate
     total = len(reqs)
-    clu.pending_arrivals = lambda: clu.submitted < total
+    clu.pending_arrivals = lambda: clu.submitted < total or turns.pending > 0
     clu.start_controller()
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
     if horizon != math.inf:
@@ -287,7 +289,7 @@ def simulate_cluster(
     left = clu.close(horizon)
     if feeder is not None:
         reqs = reqs + feeder.submitted
-    reqs = [r for r in reqs if r.req_id in clu.ended]
+    reqs = [r for r in reqs + turns.submitted if r.req_id in clu.ended]
     sim_s = (
         horizon
         if left and horizon != math.inf
@@ -430,7 +432,9 @@ def _result(
         "seed": cfg.workload.seed,
         "workload_notes": workload.notes
         + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
-        **prefix_summary(i.kv for i in insts),
+        **prefix_summary(
+            [i.kv for i in insts], replicas=[replica_of[i.instance_id] for i in insts], end=sim_s
+        ),
     }
     summary = summarize(
         table,

@@ -57,5 +57,6 @@ const tl=document.getElementById('timeline');
 plot(tl,'Running requests','time (s)','running',D.timeline.running);
 plot(tl,'Waiting requests','time (s)','waiting',D.timeline.waiting);
 plot(tl,'KV cache usage','time (s)','KV usage (%)',D.timeline.kv);
+if((D.timeline.prefix_hit||[]).length) plot(tl,'Prefix-cache hit rate','time (s)','hit rate (%)',D.timeline.prefix_hit);
 document.body.setAttribute('data-plots', String(drawn));
 })();

@@ -44,6 +44,12 @@ def _thin(t: np.ndarray, y: np.ndarray) -> dict[str, list[float]]:
     return {"x": [round(float(a), 6) for a in t], "y": [round(float(b), 6) for b in y]}
 
 
+def _hit_points(t: list[float], rate: list[float | None]) -> tuple[list[float], list[float]]:
+    """The buckets that looked something up, as (start, hit rate in %)."""
+    keep = [(a, 100.0 * b) for a, b in zip(t, rate, strict=True) if b is not None]
+    return [round(a, 6) for a, _ in keep], [round(b, 4) for _, b in keep]
+
+
 def report_data(results: Mapping[str, RunResult]) -> dict[str, Any]:
     """What the page shows, as plain JSON data."""
     from sloserve.experiments.report import SUMMARY_COLUMNS, summary_rows
@@ -82,6 +88,12 @@ def report_data(results: Mapping[str, RunResult]) -> dict[str, Any]:
                 else np.zeros(t.size)
             )
             timeline["kv"].append({"name": label, **_thin(t, kv)})
+    timeline["prefix_hit"] = [  # prefix-cache hit rate over time, per replica (if cached)
+        {"name": f"{name} · replica {rep['replica']}", "x": xs, "y": ys}
+        for name, r in results.items()
+        for rep in (r.summary.get("prefix_hits_over_time") or {}).get("replicas", [])
+        for xs, ys in [_hit_points(r.summary["prefix_hits_over_time"]["t"], rep["hit_rate"])]
+    ]
     first = next(iter(results.values()))
     return {
         "columns": ["run", *(h for _k, h, _f in SUMMARY_COLUMNS)],

@@ -26,7 +26,9 @@ from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.executor import Executor
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
-from sloserve.engine.prefix_cache import PrefixCachingKVManager, prefix_summary
+from sloserve.engine.prefix_cache import PrefixCachingKVManager
+from sloserve.engine.prefix_stats import prefix_summary
+from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.summary import request_table, summarize, token_times
 from sloserve.policies.registry import make_policy
@@ -148,6 +150,7 @@ def fresh(requests: Sequence[Request]) -> list[Request]:
             qoe=r.qoe,
             max_tokens=r.max_tokens,
             hash_ids=r.hash_ids,
+            session_id=r.session_id,
         )
         for r in requests
     ]
@@ -269,6 +272,7 @@ def simulate(
     feeder = (
         _BatchFeeder(cfg, workload.batch_jobs, env, inst, reqs) if workload.batch_jobs else None
     )
+    turns = SessionFeeder(workload.sessions, env, inst)  # closed-loop session turns
     schedule_arrivals(env, reqs, inst)
     horizon = cfg.horizon_s if cfg.horizon_s is not None else math.inf
     if horizon != math.inf:
@@ -284,7 +288,7 @@ def simulate(
     if feeder is not None:
         reqs = reqs + feeder.submitted
     # Requests whose arrival lies beyond the horizon never reached the replica.
-    reqs = [r for r in reqs if r.instance_id >= 0]
+    reqs = [r for r in reqs + turns.submitted if r.instance_id >= 0]
     table = request_table(reqs, {inst.instance_id: iter_end})
     trace = pd.DataFrame(
         {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
@@ -309,7 +313,7 @@ def simulate(
             "seed": cfg.workload.seed,
             "workload_notes": workload.notes
             + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
-            **prefix_summary([inst.kv]),
+            **prefix_summary([inst.kv], end=sim_s),
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0

@@ -97,6 +97,7 @@ from sloserve.serve.backend import (
 )
 from sloserve.serve.emulated_admission import EmulatedAdmission
 from sloserve.serve.emulated_config import EmulatedConfig as EmulatedConfig  # re-exported
+from sloserve.serve.emulated_prefix import prompt_block_ids
 from sloserve.serve.emulated_stream import _FILLER_CHUNKS, _Stream, _TokenStream
 from sloserve.serve.schemas import filler_text
 
@@ -395,6 +396,7 @@ class EmulatedBackend(EmulatedAdmission, Backend):
             slo=req.slo,
             qoe=req.qoe,
             max_tokens=req.max_tokens,
+            hash_ids=prompt_block_ids(req.body),  # the engines' prefix caches match these
         )
         stream = _Stream(r, req.request_id, req.max_tokens, req.prompt_tokens, req.sheddable)
         self._streams[r.req_id] = stream

@@ -10,8 +10,8 @@ More Storage for Less Computation", FAST '25; kvcache-ai/Mooncake,
 * ``input_length`` / ``output_length``: prompt and output tokens (integers >= 1);
 * ``hash_ids`` (optional): one id per 512-token block of the prompt; equal ids mean identical
   prefix blocks (reusable KV cache). A request has at most ``ceil(input_length / 512)``
-  blocks. They are kept on each request (:attr:`Request.hash_ids`) for prefix caching; the
-  simulator does not use them for caching yet.
+  blocks. They are kept on each request (:attr:`Request.hash_ids`): the prompt identity
+  prefix caching matches (``engine/prefix_cache.py``).
 
 Every problem raises :class:`~sloserve.core.errors.WorkloadError` naming the file and line.
 """

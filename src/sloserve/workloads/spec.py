@@ -53,6 +53,7 @@ from sloserve.core.bounds import (
 )
 from sloserve.core.errors import WorkloadError
 from sloserve.core.request import SLO, QoESpec, Request, RequestClass
+from sloserve.workloads import sessions as gen
 from sloserve.workloads.arrivals import ArrivalProcess, PoissonArrivals
 from sloserve.workloads.lengths import LengthDist
 from sloserve.workloads.loaders import TraceFormat, TraceTable, load_trace
@@ -275,6 +276,8 @@ class WorkloadSpec(BaseModel):
     )
     qoe: QoERule = Field(default_factory=QoERule)
     batch_jobs: BatchJobs | None = None
+    prefix: gen.PrefixSpec | None = Field(default=None, description="shared system prompts")
+    sessions: gen.SessionSpec | None = Field(default=None, description="closed-loop sessions")
     seed: Seed = 0
 
     @model_validator(mode="after")
@@ -305,6 +308,7 @@ class WorkloadSpec(BaseModel):
             and self.duration_s is None
         ):
             raise ValueError("batch_jobs without num_batches need duration_s")
+        gen.check_spec(self)
         return self
 
     @property
@@ -328,6 +332,7 @@ class Workload:
     requests: list[Request]
     notes: list[str] = field(default_factory=list)
     batch_jobs: BatchJobs | None = None
+    sessions: gen.SessionPlan | None = None
 
 
 class _Rngs:
@@ -444,7 +449,8 @@ def _build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Wo
                 qoe=QoESpec(spec.qoe.ttft(p), float(speeds[i])),
             )
         )
-    return Workload(out, notes, spec.batch_jobs)
+    wl = Workload(out, notes, spec.batch_jobs)
+    return gen.with_prefixes(wl, spec, max_context) if spec.prefix or spec.sessions else wl
 
 
 def _clip(
