@@ -32,6 +32,10 @@ NAIVE_SWAP = ("fcfs-swap", "edf-swap")
 NAIVE_AFFINE = ("fcfs-swap-affine", "edf-swap-affine")
 """The same with model-aware assignment (``assign: model``): only tail models swap."""
 BASELINES = ("edf", "fcfs", "round-robin", *NAIVE_SWAP, *NAIVE_AFFINE)
+AGENT_ONLY = "edf-qlm-agent"
+"""``edf`` (a global EDF queue) with QLM's per-instance agent (policy ``qlm``: EDF,
+chunked prefill, eviction/swap) instead of vLLM's: what the agent alone gives, for the
+queue and mega-prompt sweeps' attribution."""
 TAIL_SHARE = 0.3
 """W_A's share of requests to its tail model (the main grid)."""
 A10_REPLICAS = 4
@@ -120,6 +124,8 @@ class Run:
         router = "qlm" if system.startswith("qlm") else system
         if system == "qlm-rr":
             router = "round-robin"  # QLM's per-instance policy behind round-robin (§8.3)
+        if system == AGENT_ONLY:
+            router = "edf"  # our global EDF with QLM's per-instance agent: attribution
         params: dict[str, Any] = {"group_size_factor": self.group_size_factor}
         policy_params: dict[str, Any] = {}
         if system == "qlm-no-warm-start":
@@ -138,7 +144,7 @@ class Run:
             "workload": wl,
             # a horizon: requests held for a model no replica will serve end there
             "horizon_s": self.duration_s * 4,
-            "policy": "qlm" if system.startswith("qlm") else "vllm",
+            "policy": "qlm" if system.startswith("qlm") or system == AGENT_ONLY else "vllm",
             "policy_params": policy_params,
         }
         return sim, cluster
@@ -204,7 +210,7 @@ class Plan:
             raise ConfigError(f"rt_shares: each must be in [0, 1], got {self.rt_shares}")
         runs: list[Run] = []
         for wl, rate in self.rates.items():
-            systems = ["qlm", *BASELINES]
+            systems = ["qlm", *(b for b in BASELINES if wl == "W_A" or b not in NAIVE_AFFINE)]
             systems += {
                 "W_A": ["qlm-no-warm-start"],
                 "W_B": ["qlm-no-eviction", "qlm-no-pull"],
@@ -243,7 +249,7 @@ class Plan:
         runs = [
             Run("W_B", s, mid, r, d, seed, sweep="queue")
             for r in self.queue_rates
-            for s in ("qlm", "edf", *NAIVE_SWAP, "qlm-no-eviction")
+            for s in ("qlm", "edf", *NAIVE_SWAP, "qlm-no-eviction", AGENT_ONLY)
         ]
         runs += [
             Run("W_A", s, mid, self.rates["W_A"], d, seed, sweep="tail", tail_share=t)
@@ -258,6 +264,6 @@ class Plan:
         runs += [
             Run("W_C", s, mid, MEGA_RATE, d, seed, sweep="mega", mega_share=m)
             for m in self.mega_shares
-            for s in ("qlm", "edf", *NAIVE_SWAP)
+            for s in ("qlm", "edf", *NAIVE_SWAP, AGENT_ONLY)
         ]
         return runs
