@@ -32,6 +32,9 @@ NAIVE_SWAP = ("fcfs-swap", "edf-swap")
 NAIVE_AFFINE = ("fcfs-swap-affine", "edf-swap-affine")
 """The same with model-aware assignment (``assign: model``): only tail models swap."""
 BASELINES = ("edf", "fcfs", "round-robin", *NAIVE_SWAP, *NAIVE_AFFINE)
+SHEPHERD = "static-batch"
+"""The SHEPHERD-like static-batch baseline (``cluster/qlm/static.py``): single-model
+runs only (it never changes a replica's model)."""
 AGENT_ONLY = "edf-qlm-agent"
 """``edf`` (a global EDF queue) with QLM's per-instance agent (policy ``qlm``: EDF,
 chunked prefill, eviction/swap) instead of vLLM's: what the agent alone gives, for the
@@ -213,7 +216,7 @@ class Plan:
             systems = ["qlm", *(b for b in BASELINES if wl == "W_A" or b not in NAIVE_AFFINE)]
             systems += {
                 "W_A": ["qlm-no-warm-start"],
-                "W_B": ["qlm-no-eviction", "qlm-no-pull"],
+                "W_B": [SHEPHERD, "qlm-no-eviction", "qlm-no-pull"],
             }.get(wl, [])
             for share in self.rt_shares:
                 for s in systems:
@@ -249,7 +252,7 @@ class Plan:
         runs = [
             Run("W_B", s, mid, r, d, seed, sweep="queue")
             for r in self.queue_rates
-            for s in ("qlm", "edf", *NAIVE_SWAP, "qlm-no-eviction", AGENT_ONLY)
+            for s in ("qlm", "edf", *NAIVE_SWAP, SHEPHERD, "qlm-no-eviction", AGENT_ONLY)
         ]
         runs += [
             Run("W_A", s, mid, self.rates["W_A"], d, seed, sweep="tail", tail_share=t)
