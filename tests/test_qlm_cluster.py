@@ -174,8 +174,13 @@ def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path)
     for f in ("results.csv", "plan_times.csv", "headline.json", "attainment.png", "plan_time.png"):
         assert (tmp_path / f).is_file(), f
     head = json.loads((tmp_path / "headline.json").read_text())
-    assert "attainment_gain_vs_best_baseline_W_A" in head and head["paper"]
-    assert "throughput_gain_vs_naive_swap_W_A" in head
+    assert head["paper"] == "qlm" and head["plan"]["runs"] == len(plan.runs)
+    assert "attainment_gain_vs_best_baseline_W_A" in head["values"]
+    assert "throughput_gain_vs_naive_swap_W_A" in head["values"]
+    ids = {c["id"] for c in head["claims"]}
+    assert {"attainment_W_A_vs_fcfs-swap", "warm_start", "eviction", "rct_wait_r2"} <= ids
+    for c in head["claims"]:
+        assert set(c) >= {"claim", "paper", "ours", "setting", "reproduced"}
     t = system_table(rep.results)
     assert set(t["workload"]) == {"W_A", "W_B"} and (t["attainment"] > 0).all()
     # the burst runs (CV 4) are their own table, not averaged into the main one

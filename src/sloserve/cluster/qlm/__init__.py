@@ -22,6 +22,7 @@ from sloserve.cluster.qlm.rct import (
     profile_replica,
 )
 from sloserve.cluster.qlm.router import QLMRouter, make_qlm_router
+from sloserve.cluster.qlm.static import StaticBatchRouter, make_static_batch_router
 from sloserve.cluster.routing import register_router, router_names
 
 _SUMMARIES = {
@@ -39,6 +40,12 @@ for _mode, _summary in _SUMMARIES.items():
 for _name, _summary in _NAIVE.items():
     if _name not in router_names():
         register_router(_name, partial(make_naive_swap_router, _name[:-5]), _summary)
+if "static-batch" not in router_names():
+    register_router(
+        "static-batch",
+        make_static_batch_router,
+        "SHEPHERD-like: one static batch per idle replica, planned for deadlines met",
+    )
 
 __all__ = [
     "GroupKey",
@@ -56,9 +63,11 @@ __all__ = [
     "QLMStats",
     "RCTEstimator",
     "RequestGroup",
+    "StaticBatchRouter",
     "generate_plan",
     "make_naive_swap_router",
     "make_qlm_router",
+    "make_static_batch_router",
     "profile_instance",
     "profile_replica",
 ]

@@ -39,6 +39,16 @@ class QLMStats:
     model_changes: int = 0
     predicted: list[float] = field(default_factory=list)
     actual: list[float] = field(default_factory=list)
+    wait_pred: dict[int | str, float] = field(default_factory=dict)
+    """Predicted start (absolute) of each request that opened a group, at its placement."""
+    wait_samples: list[tuple[float, float]] = field(default_factory=list)
+    """(predicted, simulated) waiting time of those requests: arrival to first scheduled."""
+
+    def waited(self, req_id: int | str, r: Request) -> None:
+        """Record a finished request's waiting time beside the prediction (if it had one)."""
+        pred = self.wait_pred.pop(req_id, None)
+        if pred is not None and r.first_scheduled is not None:
+            self.wait_samples.append((pred - r.arrival, r.first_scheduled - r.arrival))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,4 +61,8 @@ class QLMStats:
             "model_changes": self.model_changes,
             "rct_r2": r_squared(self.predicted, self.actual),
             "rct_samples": len(self.actual),
+            "rct_wait_r2": r_squared(
+                [p for p, _ in self.wait_samples], [a for _, a in self.wait_samples]
+            ),
+            "rct_wait_samples": len(self.wait_samples),
         }

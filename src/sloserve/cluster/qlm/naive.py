@@ -10,6 +10,13 @@ once (the cluster's :class:`ChangeModel`: it finishes what it holds, then loads,
 disk — these baselines keep nothing warm in CPU memory). Under multi-model load the heads
 alternate between models and the replica thrashes, which is what QLM's Insight #3 avoids.
 
+``assign`` (router parameter): ``rotation`` (default) puts every request on the next live
+replica regardless of its model; ``model`` rotates over the live replicas that serve its
+model (or are changing to it) and only over all of them when none does — a vLLM
+deployment where each frequent model has its instances and only a tail model's requests
+make an instance swap (§8's W_A: "tail models ... only occasionally need to be swapped
+in"). The paper does not say how its baselines assign requests to instances; both are run.
+
 Choices where the paper is vague: "whenever that differs" is read literally (no wait for
 the replica to go idle, unlike ``edf``/``fcfs``, which change a model only when idle); a
 request whose replica failed joins the next live replica's queue; requests of model
@@ -25,6 +32,7 @@ from sloserve.cluster.controller import Action, Event, ReorderQueue
 from sloserve.cluster.qlm.router import QLMRouter, make_qlm_router
 from sloserve.cluster.routing import Decision, Hold
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
+from sloserve.core.errors import ConfigError
 
 _KEEPS_QUEUE = (
     ReplicaStatus.UP,
@@ -33,18 +41,20 @@ _KEEPS_QUEUE = (
     ReplicaStatus.JOINING,
 )
 """Statuses a replica's queue survives; any other (failed, removed) re-homes it."""
+_ASSIGN = ("rotation", "model")
 
 
 class NaiveSwapRouter(QLMRouter):
     """``fcfs-swap`` / ``edf-swap``: per-replica queues, head-of-line pull, a model change
     whenever the head's model differs (module docstring)."""
 
-    def __init__(self, base: QLMRouter, order: str) -> None:
+    def __init__(self, base: QLMRouter, order: str, assign: str = "rotation") -> None:
         # Reuse the pull/hold bookkeeping of the QLM baselines (held and dispatched
         # requests, model-change tracking, stats); no groups and no plan are used.
         self.__dict__.update(base.__dict__)
         self.order = order
         self.name = f"{order}-swap"
+        self.assign = assign
         self._home: dict[int | str, int] = {}
         self._rotation = -1
 
@@ -61,6 +71,11 @@ class NaiveSwapRouter(QLMRouter):
         live = self._live(view)
         if not live:
             return None
+        if self.assign == "model":
+            same = [
+                v for v in live if r.model in (v.model, self._changing.get(v.replica_id), "default")
+            ]
+            live = same or live
         self._rotation = (self._rotation + 1) % len(live)
         rid = live[self._rotation].replica_id
         self._home[r.req_id] = rid
@@ -127,10 +142,17 @@ class NaiveSwapRouter(QLMRouter):
     def summary(self) -> dict[str, Any]:
         d = super().summary()
         d["mode"] = self.name
+        d["assign"] = self.assign
         return d
 
 
 def make_naive_swap_router(order: str, seed: int = 0, **params: Any) -> NaiveSwapRouter:
-    """``fcfs-swap`` (``order="fcfs"``) or ``edf-swap``; ``params`` as :func:`make_qlm_router`
-    (only ``tick_s`` and the deadline defaults matter here)."""
-    return NaiveSwapRouter(make_qlm_router(order, seed, **params), order)
+    """``fcfs-swap`` (``order="fcfs"``) or ``edf-swap``; ``assign`` (``rotation`` or
+    ``model``, module docstring), the rest as :func:`make_qlm_router` (only ``tick_s`` and
+    the deadline defaults matter here)."""
+    assign = params.pop("assign", "rotation")
+    if assign not in _ASSIGN:
+        raise ConfigError(
+            f"router '{order}-swap': assign must be {' or '.join(_ASSIGN)}, got {assign!r}"
+        )
+    return NaiveSwapRouter(make_qlm_router(order, seed, **params), order, assign)

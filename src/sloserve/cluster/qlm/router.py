@@ -176,6 +176,8 @@ class QLMRouter(Router):
         rid, quant, mean = self._best_tail(g, live, view.now)
         self._place(g, rid, view.replica(rid).model)
         self._predict(rr, mean)
+        # Insight #1's waiting time: the mean completion less the group's own part
+        self.stats.wait_pred[rr.req_id] = mean - self.rct.completion(g, self._hw(rid))[0]
         if quant > g.deadline or self._dirty:
             self._replan(view)
 
@@ -381,6 +383,7 @@ class QLMRouter(Router):
         r = self.hooks.request(req_id)
         if r is None or r.finish_time is None or r.status.name != "FINISHED":
             return
+        self.stats.waited(req_id, r)
         if self.mode == "qlm":
             self.rct.lengths.observe(self.table.key_of(RouteRequest.of(r)), r.num_output_tokens)
             if info[1] is not None:

@@ -7,9 +7,9 @@ Workloads (choices; the paper's exact traces and GPU counts are not reproducible
   (30 %) that no replica serves at first. ShareGPT lengths, Poisson arrivals.
 - **W_B, single-model multi-SLO**: Llama-2-7B on two A100 replicas, past their capacity
   (queues build up), latency-sensitive (``rt``, 30 s deadline) and batch (``be``, 300 s).
-- **W_C, mega-prompts** (full plan only): W_B with heavy-tailed prompts (lognormal, mean
-  1,500, std 3,000 tokens, clipped to Llama-2's 4k context; the paper's 8k-token
-  mega-prompts do not fit this model).
+- **W_C, mega-prompts** (the ``mega`` sweep): W_B's requests with a share of them made
+  mega-prompts (:data:`MEGA_PROMPT`, 3,500 + 500 tokens: Llama-2's 4k context), chosen by
+  a seeded draw.
 
 Each workload runs QLM (router ``qlm``, policy ``qlm``) and the baselines of the same
 runs: ``edf`` and ``fcfs`` (global queues, vLLM per replica) and ``round-robin`` (vLLM's
@@ -29,8 +29,30 @@ from sloserve.core.errors import ConfigError
 
 NAIVE_SWAP = ("fcfs-swap", "edf-swap")
 """The paper's §8 baselines: vLLM per-replica queues with naive model swapping."""
-BASELINES = ("edf", "fcfs", "round-robin", *NAIVE_SWAP)
-MULTI_MODELS = {"llama-2-7b": 0.4, "phi-2": 0.3, "llama-3-8b": 0.3}
+NAIVE_AFFINE = ("fcfs-swap-affine", "edf-swap-affine")
+"""The same with model-aware assignment (``assign: model``): only tail models swap."""
+BASELINES = ("edf", "fcfs", "round-robin", *NAIVE_SWAP, *NAIVE_AFFINE)
+SHEPHERD = "static-batch"
+"""The SHEPHERD-like static-batch baseline (``cluster/qlm/static.py``): single-model
+runs only (it never changes a replica's model)."""
+AGENT_ONLY = "edf-qlm-agent"
+"""``edf`` (a global EDF queue) with QLM's per-instance agent (policy ``qlm``: EDF,
+chunked prefill, eviction/swap) instead of vLLM's: what the agent alone gives, for the
+queue and mega-prompt sweeps' attribution."""
+TAIL_SHARE = 0.3
+"""W_A's share of requests to its tail model (the main grid)."""
+A10_REPLICAS = 4
+A100_ROOFLINE = "roofline:llama-2-7b@a100-80gb"
+A10_ROOFLINE = "roofline:llama-2-7b@a10"
+"""The ``a10`` sweep's profiles: both from the roofline (the catalog's A10 data sheet:
+24 GB, 600 GB/s, 125 dense fp16 TFLOPS; no measured A10 profile exists), so the A10:A100
+gap is the data sheets' and not a roofline-vs-measurement artefact."""
+QUEUED_RATE = 80.0
+"""W_B's queued point (req/s): twice the main grid's 40, where a global queue builds."""
+A10_RATE = 50.0
+MEGA_RATE = 30.0
+MEGA_PROMPT = (3500, 500)
+"""A W_C mega-prompt: 3,500 prompt and 500 output tokens (Llama-2's 4k context)."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +68,25 @@ class Run:
     group_size_factor: float = 4.0
     arrival_cv: float = 1.0
     """Burstiness: the CV of the inter-arrival gaps (1: Poisson; above: gamma, burstier)."""
+    sweep: str = "main"
+    """Which table the run belongs to: ``main`` (the systems grid), ``queue`` (W_B's arrival
+    rate), ``tail`` (W_A's tail-model share), ``a10`` (the A10:A100 mix), ``mega`` (W_C's
+    mega-prompt share); the group-size and burstiness runs keep ``main``'s label and are
+    told apart by their knob."""
+    tail_share: float = TAIL_SHARE
+    """W_A: the share of requests to the tail model (Llama-3-8B, served by no replica at
+    first); the two frequent models split the rest 4:3."""
+    a10_share: float = 0.0
+    """``a10`` sweep: the share of the four replicas that are A10s (the rest A100s)."""
+    mega_share: float = 0.0
+    """W_C: the share of requests that are mega-prompts (:data:`MEGA_PROMPT`)."""
 
     @property
     def key(self) -> str:
         return (
             f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
-            f"/cv={self.arrival_cv}"
+            f"/cv={self.arrival_cv}/rate={self.rate}/tail={self.tail_share}"
+            f"/a10={self.a10_share}/mega={self.mega_share}"
         )
 
     def config(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -67,7 +102,12 @@ class Run:
         }
         cluster: dict[str, Any] = {"replicas": [{"count": 2, "profile": "llama-2-7b-a100"}]}
         if self.workload == "W_A":
-            wl["models"] = MULTI_MODELS
+            rest = 1.0 - self.tail_share
+            wl["models"] = {
+                "llama-2-7b": rest * 4 / 7,
+                "phi-2": rest * 3 / 7,
+                "llama-3-8b": self.tail_share,
+            }
             cluster = {
                 "replicas": [
                     {"count": 1, "profile": "llama-2-7b-a100"},
@@ -75,12 +115,20 @@ class Run:
                 ],
                 "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
             }
-        if self.workload == "W_C":
-            # mega-prompts: a heavy prompt tail up to Llama-2's 4k context
-            wl["prompt"] = {"kind": "lognormal", "mean": 1500, "std": 3000, "max": 3800}
-            wl["max_context"] = 4096
+        if self.sweep == "a10":
+            n_a10 = round(A10_REPLICAS * self.a10_share)
+            groups = [
+                {"count": n, "profile": prof}
+                for n, prof in ((A10_REPLICAS - n_a10, A100_ROOFLINE), (n_a10, A10_ROOFLINE))
+                if n > 0
+            ]
+            cluster = {"replicas": groups}
         system = self.system
         router = "qlm" if system.startswith("qlm") else system
+        if system == "qlm-rr":
+            router = "round-robin"  # QLM's per-instance policy behind round-robin (§8.3)
+        if system == AGENT_ONLY:
+            router = "edf"  # our global EDF with QLM's per-instance agent: attribution
         params: dict[str, Any] = {"group_size_factor": self.group_size_factor}
         policy_params: dict[str, Any] = {}
         if system == "qlm-no-warm-start":
@@ -91,12 +139,15 @@ class Run:
             policy_params["evict"] = False
         if router != "qlm":
             params = {}
+        if system.endswith("-affine"):
+            router = system.removesuffix("-affine")
+            params = {"assign": "model"}
         cluster = {**cluster, "router": router, "router_params": params}
         sim: dict[str, Any] = {
             "workload": wl,
             # a horizon: requests held for a model no replica will serve end there
             "horizon_s": self.duration_s * 4,
-            "policy": "qlm" if router == "qlm" else "vllm",
+            "policy": "qlm" if system.startswith("qlm") or system == AGENT_ONLY else "vllm",
             "policy_params": policy_params,
         }
         return sim, cluster
@@ -115,12 +166,30 @@ class Plan:
     burst_cvs: tuple[float, ...] = (4.0,)
     """The burstiness sweep: W_B at these inter-arrival CVs, QLM vs ``edf`` and
     ``fcfs-swap`` (the CV-1 point is the main grid's)."""
+    queue_rates: tuple[float, ...] = ()
+    """The queue-size sweep (§8.3): W_B at these arrival rates (req/s; the main grid's is
+    its first point), QLM vs the paper's baselines and ``edf``."""
+    tail_shares: tuple[float, ...] = ()
+    """Fig. 10's x-axis: W_A at these tail-model shares (the main grid's is 0.3)."""
+    a10_shares: tuple[float, ...] = ()
+    """Fig. 16: the share of A10s among four Llama-2-7B replicas, QLM vs round-robin with
+    QLM's per-instance policy (``qlm-rr``), at :data:`A10_RATE`."""
+    mega_shares: tuple[float, ...] = ()
+    """Fig. 16: W_C at these mega-prompt shares."""
     runs: list[Run] = field(default_factory=list)
 
     @classmethod
     def quick(cls, seed: int = 0) -> Plan:
         return cls(
-            (0.5,), 40.0, {"W_A": 14.0, "W_B": 40.0}, (1.0, 8.0), seed, (10, 100, 1000)
+            (0.5,),
+            40.0,
+            {"W_A": 14.0, "W_B": 40.0},
+            (1.0, 8.0),
+            seed,
+            (10, 100, 1000),
+            queue_rates=(QUEUED_RATE,),
+            a10_shares=(0.5,),
+            mega_shares=(0.1,),
         ).built()
 
     @classmethod
@@ -128,10 +197,15 @@ class Plan:
         return cls(
             (0.2, 0.5, 0.8),
             120.0,
-            {"W_A": 14.0, "W_B": 40.0, "W_C": 20.0},
+            {"W_A": 14.0, "W_B": 40.0},
             (0.5, 1.0, 4.0, 16.0),
             seed,
             (10, 100, 1000, 1563),
+            burst_cvs=(2.0, 4.0),
+            queue_rates=(60.0, QUEUED_RATE, 120.0),
+            tail_shares=(0.05, 0.1, 0.2),
+            a10_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
+            mega_shares=(0.0, 0.05, 0.1, 0.2, 0.4),
         ).built()
 
     def built(self) -> Plan:
@@ -139,10 +213,10 @@ class Plan:
             raise ConfigError(f"rt_shares: each must be in [0, 1], got {self.rt_shares}")
         runs: list[Run] = []
         for wl, rate in self.rates.items():
-            systems = ["qlm", *BASELINES]
+            systems = ["qlm", *(b for b in BASELINES if wl == "W_A" or b not in NAIVE_AFFINE)]
             systems += {
                 "W_A": ["qlm-no-warm-start"],
-                "W_B": ["qlm-no-eviction", "qlm-no-pull"],
+                "W_B": [SHEPHERD, "qlm-no-eviction", "qlm-no-pull"],
             }.get(wl, [])
             for share in self.rt_shares:
                 for s in systems:
@@ -168,5 +242,31 @@ class Plan:
                         f,
                     )
                 )
+        runs += self._sweeps(mid)
         object.__setattr__(self, "runs", runs)
         return self
+
+    def _sweeps(self, mid: float) -> list[Run]:
+        """The §8.3 sweeps beyond the main grid (each point's systems)."""
+        d, seed = self.duration_s, self.seed
+        runs = [
+            Run("W_B", s, mid, r, d, seed, sweep="queue")
+            for r in self.queue_rates
+            for s in ("qlm", "edf", *NAIVE_SWAP, SHEPHERD, "qlm-no-eviction", AGENT_ONLY)
+        ]
+        runs += [
+            Run("W_A", s, mid, self.rates["W_A"], d, seed, sweep="tail", tail_share=t)
+            for t in self.tail_shares
+            for s in ("qlm", "edf", *NAIVE_SWAP, *NAIVE_AFFINE)
+        ]
+        runs += [
+            Run("W_B", s, mid, A10_RATE, d, seed, sweep="a10", a10_share=a)
+            for a in self.a10_shares
+            for s in ("qlm", "qlm-rr")
+        ]
+        runs += [
+            Run("W_C", s, mid, MEGA_RATE, d, seed, sweep="mega", mega_share=m)
+            for m in self.mega_shares
+            for s in ("qlm", "edf", *NAIVE_SWAP, AGENT_ONLY)
+        ]
+        return runs

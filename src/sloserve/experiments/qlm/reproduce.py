@@ -24,17 +24,9 @@ from typing import Any
 import pandas as pd
 
 from sloserve.cluster.qlm import PlanGroup, PlannerConfig, PlanQueue, generate_plan
-from sloserve.experiments.qlm.plan import BASELINES, NAIVE_SWAP, Plan, Run
+from sloserve.experiments.qlm.headline import headline
+from sloserve.experiments.qlm.plan import MEGA_PROMPT, Plan, Run
 from sloserve.experiments.report import jsonable
-
-PAPER: dict[str, str] = {
-    "attainment_gain_vs_baselines": "+40–90 %",
-    "throughput_gain_vs_baselines": "+20–400 %",
-    "warm_start_throughput_gain_W_A": "≈ +300 %",
-    "eviction_attainment_gain_W_B": "≈ +80 %",
-    "rct_r2": "0.99",
-    "plan_time_per_request": "5 ms",
-}
 
 
 @dataclass
@@ -53,8 +45,9 @@ def run_one(run: Run) -> dict[str, Any]:
     from sloserve.experiments.runner import SimConfig
 
     sim, cluster = run.config()
+    cfg = SimConfig.model_validate(sim)
     s = simulate_cluster(
-        SimConfig.model_validate(sim), ClusterConfig.load(cluster, f"qlm run {run.key}")
+        cfg, ClusterConfig.load(cluster, f"qlm run {run.key}"), _workload(cfg, run)
     ).summary
     q = s.get("qlm") or {}
     by_class = s.get("deadline_attainment_by_class") or {}
@@ -64,6 +57,11 @@ def run_one(run: Run) -> dict[str, Any]:
         "rt_share": run.rt_share,
         "group_size_factor": run.group_size_factor,
         "arrival_cv": run.arrival_cv,
+        "sweep": run.sweep,
+        "rate": run.rate,
+        "tail_share": run.tail_share,
+        "a10_share": run.a10_share,
+        "mega_share": run.mega_share,
         "requests": s["requests"],
         "finished": s["finished"],
         "attainment": s["deadline_attainment"],
@@ -78,8 +76,25 @@ def run_one(run: Run) -> dict[str, Any]:
         "plan_fallbacks": q.get("plan_fallbacks", 0),
         "plan_solve_s": q.get("plan_solve_s_total", 0.0),
         "rct_r2": q.get("rct_r2"),
+        "rct_wait_r2": q.get("rct_wait_r2"),
         "wall_s": s["wall_seconds"],
     }
+
+
+def _workload(cfg: Any, run: Run) -> Any:
+    """The run's requests: the workload's, with W_C's mega-prompts drawn in (a seeded
+    choice of ``mega_share`` of them); ``None`` (the simulator builds them) otherwise."""
+    if run.mega_share <= 0:
+        return None
+    from sloserve.experiments.runner import workload_of
+
+    wl = workload_of(cfg)
+    rng = random.Random(run.seed + 7919)
+    n = round(run.mega_share * len(wl.requests))
+    prompt, output = MEGA_PROMPT
+    for r in rng.sample(wl.requests, n):
+        r.num_prompt_tokens, r.true_output_len, r.max_tokens = prompt, output, None
+    return wl
 
 
 def plan_time_curve(sizes: tuple[int, ...], seed: int) -> pd.DataFrame:
@@ -117,59 +132,6 @@ def plan_time_curve(sizes: tuple[int, ...], seed: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _mean(df: pd.DataFrame, col: str) -> float | None:
-    v = df[col].dropna()
-    return float(v.mean()) if len(v) else None
-
-
-def _gain(new: float | None, old: float | None) -> float | None:
-    if new is None or old is None or old <= 0:
-        return None
-    return new / old - 1.0
-
-
-def headline(results: pd.DataFrame, plan_times: pd.DataFrame) -> dict[str, Any]:
-    """Ours beside the paper's (module docstring)."""
-    out: dict[str, Any] = {}
-    main = results[(results["group_size_factor"] == 4.0) & (results["arrival_cv"] == 1.0)]
-    att, thr = [], []
-    for wl, g in main.groupby("workload"):
-        q = g[g["system"] == "qlm"]
-        base = g[g["system"].isin(BASELINES)]
-        best_att = base.groupby("system")["attainment"].mean().max()
-        best_thr = base.groupby("system")["throughput_tokens_per_s"].mean().max()
-        a, t = (
-            _gain(_mean(q, "attainment"), best_att),
-            _gain(_mean(q, "throughput_tokens_per_s"), best_thr),
-        )
-        out[f"attainment_gain_vs_best_baseline_{wl}"] = a
-        out[f"throughput_gain_vs_best_baseline_{wl}"] = t
-        # the paper's baselines (naive swapping): the comparison its headline makes
-        naive = g[g["system"].isin(NAIVE_SWAP)].groupby("system")
-        out[f"attainment_gain_vs_naive_swap_{wl}"] = _gain(
-            _mean(q, "attainment"), naive["attainment"].mean().max()
-        )
-        out[f"throughput_gain_vs_naive_swap_{wl}"] = _gain(
-            _mean(q, "throughput_tokens_per_s"), naive["throughput_tokens_per_s"].mean().max()
-        )
-        att.append(a)
-        thr.append(t)
-
-    def pair(wl: str, ablation: str, col: str) -> float | None:
-        g = main[main["workload"] == wl]
-        return _gain(_mean(g[g["system"] == "qlm"], col), _mean(g[g["system"] == ablation], col))
-
-    out["warm_start_throughput_gain_W_A"] = pair(
-        "W_A", "qlm-no-warm-start", "throughput_tokens_per_s"
-    )
-    out["eviction_attainment_gain_W_B"] = pair("W_B", "qlm-no-eviction", "attainment")
-    out["pull_attainment_gain_W_B"] = pair("W_B", "qlm-no-pull", "attainment")
-    out["rct_r2_mean"] = _mean(results[results["system"] == "qlm"], "rct_r2")
-    out["plan_us_per_request_max"] = float(plan_times["us_per_request"].max())
-    out["paper"] = PAPER
-    return out
-
-
 def reproduce(
     plan: Plan, out: Path, progress: Callable[[int, int], None] | None = None
 ) -> Reproduction:
@@ -185,7 +147,7 @@ def reproduce(
             progress(k + 1, len(plan.runs))
     results = pd.DataFrame(rows)
     times = plan_time_curve(plan.plan_sizes, plan.seed)
-    head = headline(results, times)
+    head = headline(results, times, plan)
     results.to_csv(out / "results.csv", index=False)
     times.to_csv(out / "plan_times.csv", index=False)
     (out / "headline.json").write_text(json.dumps(jsonable(head), indent=2))

@@ -1,0 +1,114 @@
+"""QLM's reproduction beyond the main grid: the §8.3 sweeps (queue size, tail-model
+share, A10:A100 mix, mega-prompt share), the model-aware naive-swap baseline and the
+headline claims' pass rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import sloserve
+from sloserve.core.errors import ConfigError
+from sloserve.experiments.qlm import Plan, Run, claims, sweep_table
+from sloserve.experiments.qlm.plan import A10_ROOFLINE, MEGA_PROMPT, QUEUED_RATE
+
+MULTI: dict[str, Any] = {
+    "replicas": [{"count": 1, "profile": "llama-2-7b-a100"}, {"count": 1, "profile": "phi-2-a100"}],
+    "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
+}
+
+
+def _naive(params: dict[str, Any]) -> dict[str, Any]:
+    wl = {
+        "arrival": {"kind": "poisson", "rate": 4},
+        "duration_s": 6,
+        "slo": "qlm",
+        "classes": {"rt": 0.5, "be": 0.5},
+        "seed": 3,
+        "models": {"llama-2-7b": 0.45, "phi-2": 0.45, "llama-3-8b": 0.1},
+    }
+    s: dict[str, Any] = sloserve.simulate(
+        {"workload": wl, "horizon_s": 300},
+        policy="vllm",
+        cluster={**MULTI, "router": "fcfs-swap", "router_params": params},
+    ).summary
+    return s
+
+
+def test_model_aware_assignment_swaps_less_than_rotation() -> None:
+    rot, aff = _naive({}), _naive({"assign": "model"})
+    assert rot["qlm"]["assign"] == "rotation" and aff["qlm"]["assign"] == "model"
+    assert aff["finished"] == aff["requests"] == rot["requests"] > 15
+    # only the tail model's requests make a replica change model
+    assert aff["qlm"]["model_changes"] < rot["qlm"]["model_changes"]
+    with pytest.raises(ConfigError, match="assign"):
+        _naive({"assign": "nearest"})
+
+
+def test_the_sweeps_build_their_runs() -> None:
+    plan = Plan(
+        (0.5,), 6.0, {"W_A": 8.0, "W_B": 20.0}, (4.0,), 0, (4,), (),
+        queue_rates=(QUEUED_RATE,), tail_shares=(0.1,), a10_shares=(0.0, 1.0),
+        mega_shares=(0.2,),
+    ).built()  # fmt: skip
+    by = {(r.sweep, r.system) for r in plan.runs}
+    assert {("queue", "qlm-no-eviction"), ("tail", "fcfs-swap-affine"), ("a10", "qlm-rr")} <= by
+    a10 = next(r for r in plan.runs if r.sweep == "a10" and r.a10_share == 1.0)
+    _, cluster = a10.config()
+    assert cluster["replicas"] == [{"count": 4, "profile": A10_ROOFLINE}]
+    rr = next(r for r in plan.runs if r.system == "qlm-rr")
+    sim, cluster = rr.config()
+    assert cluster["router"] == "round-robin" and sim["policy"] == "qlm"
+    tail = next(r for r in plan.runs if r.sweep == "tail")
+    sim, _ = tail.config()
+    assert sim["workload"]["models"]["llama-3-8b"] == pytest.approx(0.1)
+    assert sum(sim["workload"]["models"].values()) == pytest.approx(1.0)
+
+
+def test_mega_prompts_replace_a_seeded_share_of_the_requests() -> None:
+    from sloserve.experiments.qlm.reproduce import _workload
+    from sloserve.experiments.runner import SimConfig
+
+    run = Run("W_C", "qlm", 0.5, 20.0, 10.0, 0, sweep="mega", mega_share=0.25)
+    cfg = SimConfig.model_validate(run.config()[0])
+    a, b = _workload(cfg, run), _workload(cfg, run)
+    mega = [r.req_id for r in a.requests if (r.num_prompt_tokens, r.true_output_len) == MEGA_PROMPT]
+    assert len(mega) == round(0.25 * len(a.requests)) > 0
+    assert mega == [
+        r.req_id for r in b.requests if (r.num_prompt_tokens, r.true_output_len) == MEGA_PROMPT
+    ]
+    assert _workload(cfg, Run("W_B", "qlm", 0.5, 20.0, 10.0, 0)) is None
+
+
+def test_a_claim_is_reproduced_with_the_right_sign_and_half_the_papers_size() -> None:
+    def claim(v: dict[str, Any], cid: str) -> dict[str, Any]:
+        return next(c for c in claims(v) if c["id"] == cid)
+
+    key = "attainment_gain_vs_fcfs-swap_W_A"
+    assert claim({key: 0.25}, "attainment_W_A_vs_fcfs-swap")["reproduced"] is True
+    assert claim({key: 0.15}, "attainment_W_A_vs_fcfs-swap")["reproduced"] is False
+    assert claim({key: -0.5}, "attainment_W_A_vs_fcfs-swap")["reproduced"] is False
+    assert claim({}, "attainment_W_A_vs_fcfs-swap")["reproduced"] is None
+    # warm start: paper ≈ +300 %, so +150 % is the bar
+    assert claim({"warm_start_throughput_gain_W_A": 1.6}, "warm_start")["reproduced"] is True
+    assert claim({"warm_start_throughput_gain_W_A": 0.7}, "warm_start")["reproduced"] is False
+    assert claim({"rct_r2_mean": 0.5}, "rct_r2")["reproduced"] is None
+
+
+def test_the_sweep_table_puts_the_main_grid_point_on_the_queue_sweep() -> None:
+    import pandas as pd
+
+    base = {"rt_share": 0.5, "group_size_factor": 4.0, "arrival_cv": 1.0, "tail_share": 0.3,
+            "a10_share": 0.0, "mega_share": 0.0, "attainment_rt": 0.5,
+            "throughput_tokens_per_s": 1.0, "preemptions": 0}  # fmt: skip
+    rows = [
+        {**base, "workload": "W_B", "system": "qlm", "sweep": "main", "rate": 40.0, "attainment": 0.9},
+        {**base, "workload": "W_B", "system": "qlm", "sweep": "queue", "rate": 80.0, "attainment": 0.8},
+        {**base, "workload": "W_B", "system": "edf", "sweep": "main", "rate": 40.0, "attainment": 0.7},
+    ]  # fmt: skip
+    t = sweep_table(pd.DataFrame(rows))
+    assert list(zip(t["x"], t["system"], t["attainment"], strict=True)) == [
+        (40.0, "qlm", 0.9),
+        (80.0, "qlm", 0.8),
+    ]  # edf is not in the queue sweep's systems
