@@ -12,6 +12,12 @@ linearly in the message size (``size`` is bytes: Vidur sizes its fp16 tensor ``s
 Those tables are NVLink/NVSwitch measurements (no PCIe table exists), so the estimate is a
 lower bound for a PCIe testbed like the paper's.
 
+It then splits a lone request's iteration (batch 1) into weight-bound operators (every
+non-attention GEMM, the norms and the LM head), attention and all-reduce, prints how much
+more each TP4 all-reduce would have to cost than a TP2 one for the two workers to decode a
+lone request equally fast, and the §4.1 model's own numbers (Eq. 6, ``sloserve aladdin
+config``): the SLO batch, the all-reduce time it charges there, and the per-GPU throughput.
+
     PYTHONPATH=src python benchmarks/aladdin_tp_comm.py [--vidur ../shared/vidur-profiling]
 """
 
@@ -47,7 +53,14 @@ def main() -> None:
     print(f"Llama-2-70B decode iteration on {a.gpu}, {a.context} context tokens per request")
     hdr = (
         "tp  batch  iter_ms(profile)  roofline_ms  of_which_allreduce_ms  "
-        "measured_allreduce_ms(a100_dgx)  (a100_pairwise_nvlink)"
+        "measured_allreduce_ms(a100_dgx)  (a100_pairwise_nvlink)  sec4.1_fit_ms"
+    )
+    from sloserve.cluster.aladdin.allreduce import fit_all_reduce
+    from sloserve.costmodel import catalog
+
+    gspec = catalog.gpu_spec(a.gpu)
+    fit = fit_all_reduce(a.vidur).scaled(
+        gspec, "nvlink" if gspec.nvlink_gb_per_s is not None else "pcie"
     )
     print(hdr)
     for tp in (2, 4):
@@ -65,8 +78,34 @@ def main() -> None:
             ]
             print(
                 f"{tp:2d}  {b:5d}  {t_lin * 1e3:16.1f}  {t_roof * 1e3:11.1f}  "
-                f"{t_ar * 1e3:21.1f}  {meas[0] * 1e3:31.1f}  {meas[1] * 1e3:22.1f}"
+                f"{t_ar * 1e3:21.1f}  {meas[0] * 1e3:31.1f}  {meas[1] * 1e3:22.1f}  "
+                f"{(2 * LAYERS + 1) * fit.time(nbytes, tp) * 1e3:13.1f}"
             )
+    lone = {}
+    for tp in (2, 4):
+        roof = load_profile(f"llama-2-70b@{a.gpu}x{tp}").roofline()
+        weights = float(roof.non_attention_time(1) + roof.lm_head_time(1))
+        attn = LAYERS * float(roof.decode_attention_layer_time(1, a.context))
+        ar = float(roof.all_reduce_time(1))
+        lone[tp] = weights + attn + ar
+        print(
+            f"lone request, TP{tp}: weight-bound {weights * 1e3:.1f} ms, attention "
+            f"{attn * 1e3:.1f} ms, all-reduce {ar * 1e3:.1f} ms ({roof.num_all_reduces} of them)"
+        )
+    n_ar = 2 * LAYERS + 1
+    print(
+        f"TP4 equals TP2 on a lone request only if each TP4 all-reduce costs "
+        f"{(lone[2] - lone[4]) / n_ar * 1e6:.0f} us more than a TP2 one"
+    )
+    from sloserve.cluster.aladdin.worker_config import worker_config_for
+
+    wc = worker_config_for("llama-2-70b", a.gpu, (2, 4, 8), atgt_s=0.075, vidur_dir=str(a.vidur))
+    for o in wc.options:
+        print(
+            f"Eq. 6, TP{o.gpus}: SLO batch {o.slo_batch}, all-reduce there "
+            f"{o.comm_s_at_slo_batch * 1e3:.1f} ms, KV batch {o.kv_batch:.0f}, "
+            f"{o.per_gpu_tokens_s:.0f} tokens/s per GPU"
+        )
 
 
 if __name__ == "__main__":

@@ -74,3 +74,46 @@ def test_reproduce_rates_bad_input_is_one_line(
 ) -> None:
     args = ("reproduce", "aladdin", "--quick", "--rates", rates, "--out", str(tmp_path))
     assert_user_error(run_main(monkeypatch, capsys, *args), needle)
+
+
+def test_testbed_overhead_planner_gap_and_claims(tmp_path: Path) -> None:
+    sc = Scenario("7b", "llama-2-7b", "a100-80gb", 1, 400, 15)
+    plan = Plan(
+        (sc,),
+        (2.0, 6.0),
+        8.0,
+        arms=(ARMS[0], ARMS[3]),
+        max_workers=4,
+        testbed=(sc,),
+        testbed_fractions=(0.3, 1.0),
+        planner_gap=True,
+    )
+    rep = reproduce(plan, tmp_path)
+    # Figs. 9/10: one 4-GPU machine for every arm; the rates are the fractions of Eq. 6's.
+    tb = rep.testbed
+    assert tb is not None and set(tb["gpus"]) == {4}
+    assert set(zip(tb["arm"], tb["workers"], strict=True)) == {
+        ("aladdin", 4),
+        ("jsq-optimal", 4),
+        ("vllm-default", 1),
+    }
+    light, heavy = (tb[tb["load"] == f].set_index("arm") for f in (0.3, 1.0))
+    assert (light["attainment"] >= heavy["attainment"]).all()
+    assert (light["p99_atgt_ms"] <= heavy["p99_atgt_ms"]).all()
+    assert (tmp_path / "testbed.csv").is_file() and (tmp_path / "testbed.png").is_file()
+    # Fig. 13: Aladdin's rows carry its scheduling overhead, the JSQ rows none.
+    g = rep.gpus.set_index("arm")
+    assert (g.loc["aladdin", "sched_ms_per_decision"] > 0).all()
+    assert g.loc["vllm-default", "sched_ms_per_decision"].isna().all()
+    # Item 9: Eq. 7's GPUs beside the planner's, with the gap their difference.
+    gap = rep.planner_gap
+    assert gap is not None and list(gap["rate"]) == [2.0, 6.0]
+    for r in ("aladdin", "least-loaded"):
+        assert (gap["analytic_gpus"] - gap[f"planner_gpus_{r}"] == gap[f"gap_{r}"]).all()
+    # The machine-readable headline `reproduce all` reads.
+    head = json.loads((tmp_path / "headline.json").read_text())
+    claim = next(c for c in head["claims"] if c["claim"] == "GPUs, Aladdin vs vllm-default")
+    assert claim["paper"] == -0.71 and claim["scenario"] == "7b"
+    assert claim["same_sign"] == (claim["ours"] < 0)
+    assert claim["at_least_half"] == (claim["ours"] <= -0.355)
+    assert len(head["planner_gap"]) == 2

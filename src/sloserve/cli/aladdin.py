@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,6 +16,9 @@ from sloserve.cli._app import app, console, reproduce_app
 from sloserve.cli._bounded import bounded
 from sloserve.core.bounds import Fraction, Millis
 from sloserve.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sloserve.experiments.aladdin import Reproduction
 
 aladdin_app = typer.Typer(
     help="Aladdin: performance models, worker configuration.", no_args_is_help=True
@@ -198,4 +201,56 @@ def reproduce_aladdin(
             f"{law['predicted']} vs simulated {law['simulated']}",
             highlight=False,
         )
-    console.print(f"gpus.csv, headline.json and gpus_vs_rate.png written to {out}", highlight=False)
+    _print_extras(rep)
+    console.print(f"gpus.csv, headline.json and the figures written to {out}", highlight=False)
+
+
+def _print_extras(rep: Reproduction) -> None:
+    """Figs. 9/10 (testbed), Fig. 13 (scheduling overhead) and item 9 (planner gap)."""
+    import math
+
+    if rep.testbed is not None:
+        t = Table(
+            "scenario",
+            "arm",
+            "rate",
+            "GPUs",
+            "attainment",
+            "P99 ATGT (ms)",
+            title="Figs. 9/10: one 4-GPU machine",
+        )
+        for r in rep.testbed.itertuples():
+            t.add_row(
+                str(r.scenario),
+                str(r.arm),
+                f"{r.rate:g}",
+                str(r.gpus),
+                f"{r.attainment:.1%}",
+                f"{r.p99_atgt_ms:.0f}",
+            )
+        console.print(t)
+    al = rep.gpus[rep.gpus["arm"] == "aladdin"]
+    t = Table(
+        "scenario",
+        "rate",
+        "workers",
+        "ms/decision",
+        "ms per s of traffic",
+        title="Fig. 13: Aladdin's scheduling overhead (CPU)",
+    )
+    for r in al.itertuples():
+        if not math.isnan(float(r.sched_ms_per_decision)):  # type: ignore[arg-type]
+            t.add_row(
+                str(r.scenario),
+                f"{r.rate:g}",
+                str(r.workers),
+                f"{r.sched_ms_per_decision:.3f}",
+                f"{r.sched_ms_per_s:.2f}",
+            )
+    console.print(t)
+    if rep.planner_gap is not None:
+        cols = [c for c in rep.planner_gap.columns if c != "scenario"]
+        t = Table("scenario", *cols, title="Item 9: Eq. 7's GPUs vs the capacity planner's")
+        for r in rep.planner_gap.itertuples(index=False):
+            t.add_row(*(f"{v:g}" if isinstance(v, float) else str(v) for v in r))
+        console.print(t)
