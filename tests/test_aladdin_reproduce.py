@@ -10,8 +10,14 @@ import pytest
 from cli_helpers import assert_user_error, run_main
 from sloserve.cluster.aladdin.gpu_count import fit_worker_law
 from sloserve.core.errors import ConfigError
+from sloserve.costmodel.profile import load_profile
 from sloserve.experiments.aladdin.plan import ARMS, SPLIT_ARMS, Plan, Scenario
 from sloserve.experiments.aladdin.reproduce import prefill_workers, reproduce
+from sloserve.experiments.aladdin.whatif import (
+    break_even_extra_s,
+    lone_decode_s,
+    slow_allreduce_profile,
+)
 
 
 def test_worker_law_recovers_a_line_and_guards_its_range() -> None:
@@ -87,6 +93,7 @@ def test_testbed_overhead_planner_gap_and_claims(tmp_path: Path) -> None:
         testbed=(sc,),
         testbed_fractions=(0.3, 1.0),
         planner_gap=True,
+        whatif_extra_us=(None,),
     )
     rep = reproduce(plan, tmp_path)
     # Figs. 9/10: one 4-GPU machine for every arm; the rates are the fractions of Eq. 6's.
@@ -117,3 +124,19 @@ def test_testbed_overhead_planner_gap_and_claims(tmp_path: Path) -> None:
     assert claim["same_sign"] == (claim["ours"] < 0)
     assert claim["at_least_half"] == (claim["ours"] <= -0.355)
     assert len(head["planner_gap"]) == 2
+    # The what-if: vLLM's default re-priced at the break-even all-reduce latency.
+    wi = rep.whatif
+    assert wi is not None and list(wi["rate"]) == [2.0, 6.0]
+    assert wi["lone_ms"].iloc[0] == pytest.approx(lone_decode_s(sc.profile(1)) * 1e3, rel=1e-3)
+    assert (wi["gpus"] % 4 == 0).all() and len(head["whatif_allreduce"]) == 2
+
+
+def test_whatif_profile_reprices_only_the_all_reduce(tmp_path: Path) -> None:
+    sc = Scenario("70b", "llama-2-70b", "a100-80gb-pcie", 2, 1600, 75)
+    same = load_profile(str(slow_allreduce_profile(sc, 0.0, tmp_path)))
+    assert same.coefficients == load_profile(sc.profile(4)).coefficients
+    x = break_even_extra_s(sc)
+    assert 100e-6 < x < 200e-6  # the 70B: a lone TP4 decode is ~22 ms faster over 161
+    slow = str(slow_allreduce_profile(sc, x, tmp_path))
+    assert lone_decode_s(slow) == pytest.approx(lone_decode_s(sc.profile(2)), rel=2e-3)
+    assert break_even_extra_s(Scenario("x", "llama-2-7b", "a100-80gb", 4, 400, 15)) == 0.0

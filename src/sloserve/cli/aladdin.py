@@ -248,6 +248,29 @@ def _print_extras(rep: Reproduction) -> None:
                 f"{r.sched_ms_per_s:.2f}",
             )
     console.print(t)
+    if rep.whatif is not None:
+        t = Table(
+            "scenario",
+            "extra µs per all-reduce",
+            "lone decode (ms)",
+            "rate",
+            "vLLM default GPUs",
+            "Aladdin GPUs",
+            "Aladdin vs it",
+            title="What-if: vLLM's whole-machine worker with slower all-reduces",
+        )
+        for r in rep.whatif.itertuples():
+            ch = "-" if r.change is None or r.change != r.change else f"{r.change:+.0%}"
+            t.add_row(
+                str(r.scenario),
+                f"{r.extra_us:g}",
+                f"{r.lone_ms:.1f}",
+                f"{r.rate:g}",
+                str(r.gpus),
+                str(r.aladdin_gpus),
+                ch,
+            )
+        console.print(t)
     if rep.planner_gap is not None:
         cols = [c for c in rep.planner_gap.columns if c != "scenario"]
         t = Table("scenario", *cols, title="Item 9: Eq. 7's GPUs vs the capacity planner's")

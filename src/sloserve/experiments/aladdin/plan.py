@@ -101,6 +101,9 @@ class Plan:
     """Testbed rates as fractions of the machine's Eq. 6 capacity (``testbed.py``)."""
     planner_gap: bool = False
     """Item 9: set Eq. 7's N_w beside the capacity planner's minimum (``planner_gap.py``)."""
+    whatif_extra_us: tuple[float | None, ...] = ()
+    """Extra µs per all-reduce of vLLM's whole-machine worker to re-run it with (None: the
+    break-even, where it decodes a lone request as slowly as Table 3's; ``whatif.py``)."""
 
     def rates_for(self, arm: Arm) -> tuple[float, ...]:
         return self.split_rates if arm.split and self.split_rates is not None else self.rates
@@ -119,6 +122,7 @@ class Plan:
             testbed=(SC_70B,),
             testbed_fractions=(0.4, 0.6, 0.8),
             planner_gap=True,
+            whatif_extra_us=(60.0, None),
         )
 
     @classmethod
@@ -136,6 +140,7 @@ class Plan:
             seed=seed,
             testbed=TESTBEDS,
             planner_gap=True,
+            whatif_extra_us=(60.0, None),
         )
 
 

@@ -31,6 +31,8 @@ class Reproduction:
     headline: dict[str, Any]
     testbed: pd.DataFrame | None = None
     """Figs. 9/10: attainment and P99 ATGT against the rate on one machine."""
+    whatif: pd.DataFrame | None = None
+    """vLLM's default re-run with slower all-reduces (``whatif.py``)."""
     planner_gap: pd.DataFrame | None = None
     """Item 9: Eq. 7's GPUs against the capacity planner's minimum."""
 
@@ -76,8 +78,11 @@ def run_once(plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int) -> f
     return run_stats(plan, sc, arm, rate, workers).attainment
 
 
-def run_stats(plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int) -> RunStats:
-    """Simulate ``arm`` with ``workers`` workers at ``rate`` (:class:`RunStats`)."""
+def run_stats(
+    plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int, profile: str | None = None
+) -> RunStats:
+    """Simulate ``arm`` with ``workers`` workers at ``rate`` (:class:`RunStats`);
+    ``profile`` replaces the scenario's profile for the arm's worker (a what-if)."""
     from sloserve.cluster.config import ClusterConfig
     from sloserve.config import validate
     from sloserve.experiments.cluster_run import simulate_cluster
@@ -99,7 +104,7 @@ def run_stats(plan: Plan, sc: Scenario, arm: Arm, rate: float, workers: int) -> 
             "mix": "sharegpt",
             "seed": plan.seed,
         },
-        "instance": {"profile": sc.profile(tp)},
+        "instance": {"profile": profile or sc.profile(tp)},
     }
     replicas: list[dict[str, Any]] = [{"count": workers}]
     if arm.split:
@@ -133,7 +138,9 @@ def prefill_workers(sc: Scenario, rate: float) -> int:
     return max(1, math.ceil(2 * rate * t_pre))
 
 
-def fewest(plan: Plan, sc: Scenario, arm: Arm, rate: float) -> tuple[int, RunStats]:
+def fewest(
+    plan: Plan, sc: Scenario, arm: Arm, rate: float, profile: str | None = None
+) -> tuple[int, RunStats]:
     """The fewest workers whose attainment reaches the target (binary search; attainment
     grows with workers), and that run's stats; ``max_workers + 1`` (attainment 0) when
     none does."""
@@ -141,7 +148,7 @@ def fewest(plan: Plan, sc: Scenario, arm: Arm, rate: float) -> tuple[int, RunSta
     lo, hi, best = 1, plan.max_workers, (plan.max_workers + 1, RunStats(0.0, nan))
     while lo <= hi:
         mid = (lo + hi) // 2
-        st = run_stats(plan, sc, arm, rate, mid)
+        st = run_stats(plan, sc, arm, rate, mid, profile)
         if st.attainment >= plan.target:
             best, hi = (mid, st), mid - 1
         else:
@@ -220,8 +227,20 @@ def reproduce(
             gap = pd.concat(gaps, ignore_index=True)
             gap.to_csv(out / "planner_gap.csv", index=False)
             head["planner_gap"] = json.loads(gap.to_json(orient="records"))
+    wi = None
+    if plan.whatif_extra_us:
+        from sloserve.experiments.aladdin.whatif import slow_allreduce_default
+
+        al = df[df["arm"] == "aladdin"]
+        got = {
+            (s, float(r)): int(g)
+            for s, r, g in zip(al["scenario"], al["rate"], al["gpus"], strict=True)
+        }
+        wi = slow_allreduce_default(plan, got, out / "profiles", progress)
+        wi.to_csv(out / "whatif_allreduce.csv", index=False)
+        head["whatif_allreduce"] = json.loads(wi.to_json(orient="records"))
     (out / "headline.json").write_text(json.dumps(head, indent=2))
-    return Reproduction(df, head, tb, gap)
+    return Reproduction(df, head, testbed=tb, planner_gap=gap, whatif=wi)
 
 
 def reductions(at_rate: pd.DataFrame) -> dict[str, float]:
