@@ -206,8 +206,11 @@ def reproduce_aladdin(
 
 
 def _print_extras(rep: Reproduction) -> None:
-    """Figs. 9/10 (testbed), Fig. 13 (scheduling overhead) and item 9 (planner gap)."""
+    """Figs. 9/10 (testbed), Fig. 13 (scheduling overhead), the all-reduce what-if and item
+    9 (planner gap)."""
     import math
+
+    import pandas as pd
 
     if rep.testbed is not None:
         t = Table(
@@ -260,7 +263,7 @@ def _print_extras(rep: Reproduction) -> None:
             title="What-if: vLLM's whole-machine worker with slower all-reduces",
         )
         for r in rep.whatif.itertuples():
-            ch = "-" if r.change is None or r.change != r.change else f"{r.change:+.0%}"
+            ch = "-" if pd.isna(r.change) else f"{float(r.change):+.0%}"  # type: ignore[arg-type]
             t.add_row(
                 str(r.scenario),
                 f"{r.extra_us:g}",
