@@ -162,7 +162,8 @@ def reproduce_aladdin(
         bool,
         typer.Option(
             "--quick",
-            help="Llama-2-70B on the PCIe A100 testbed, three rates, 30 s each (a few minutes).",
+            help="Llama-2-70B on the PCIe A100 testbed, three rates, 30 s each, one testbed "
+            "machine, the all-reduce what-if and the planner gap (a few minutes).",
         ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Workload seed.", min=0)] = 0,
@@ -173,8 +174,10 @@ def reproduce_aladdin(
         ),
     ] = None,
 ) -> None:
-    """Aladdin §6.4 (Fig. 11) in simulation: the fewest GPUs meeting the SLOs per router and
-    rate, Aladdin's analytic N_w beside them, and the headline beside the paper's."""
+    """Aladdin §6 in simulation: the fewest GPUs meeting the SLOs per router and rate (Figs.
+    11/12), attainment and P99 ATGT on one machine (Figs. 9/10), the scheduling overhead
+    (Fig. 13), Aladdin's analytic N_w beside our search and the capacity planner's, the
+    all-reduce what-if, and the headline beside the paper's (headline.json)."""
     import dataclasses
 
     from sloserve.experiments.aladdin import Plan, reproduce
