@@ -10,8 +10,14 @@ import pytest
 from cli_helpers import assert_user_error, run_main
 from sloserve.cluster.aladdin.gpu_count import fit_worker_law
 from sloserve.core.errors import ConfigError
+from sloserve.costmodel.profile import load_profile
 from sloserve.experiments.aladdin.plan import ARMS, SPLIT_ARMS, Plan, Scenario
 from sloserve.experiments.aladdin.reproduce import prefill_workers, reproduce
+from sloserve.experiments.aladdin.whatif import (
+    break_even_extra_s,
+    lone_decode_s,
+    slow_allreduce_profile,
+)
 
 
 def test_worker_law_recovers_a_line_and_guards_its_range() -> None:
@@ -74,3 +80,63 @@ def test_reproduce_rates_bad_input_is_one_line(
 ) -> None:
     args = ("reproduce", "aladdin", "--quick", "--rates", rates, "--out", str(tmp_path))
     assert_user_error(run_main(monkeypatch, capsys, *args), needle)
+
+
+def test_testbed_overhead_planner_gap_and_claims(tmp_path: Path) -> None:
+    sc = Scenario("7b", "llama-2-7b", "a100-80gb", 1, 400, 15)
+    plan = Plan(
+        (sc,),
+        (2.0, 6.0),
+        8.0,
+        arms=(ARMS[0], ARMS[3]),
+        max_workers=4,
+        testbed=(sc,),
+        testbed_fractions=(0.3, 1.0),
+        planner_gap=True,
+        whatif_extra_us=(None,),
+    )
+    rep = reproduce(plan, tmp_path)
+    # Figs. 9/10: one 4-GPU machine for every arm; the rates are the fractions of Eq. 6's.
+    tb = rep.testbed
+    assert tb is not None and set(tb["gpus"]) == {4}
+    assert set(zip(tb["arm"], tb["workers"], strict=True)) == {
+        ("aladdin", 4),
+        ("jsq-optimal", 4),
+        ("vllm-default", 1),
+    }
+    light, heavy = (tb[tb["load"] == f].set_index("arm") for f in (0.3, 1.0))
+    assert (light["attainment"] >= heavy["attainment"]).all()
+    assert (light["p99_atgt_ms"] <= heavy["p99_atgt_ms"]).all()
+    assert (tmp_path / "testbed.csv").is_file() and (tmp_path / "testbed.png").is_file()
+    # Fig. 13: Aladdin's rows carry its scheduling overhead, the JSQ rows none.
+    g = rep.gpus.set_index("arm")
+    assert (g.loc["aladdin", "sched_ms_per_decision"] > 0).all()
+    assert g.loc["vllm-default", "sched_ms_per_decision"].isna().all()
+    # Item 9: Eq. 7's GPUs beside the planner's, with the gap their difference.
+    gap = rep.planner_gap
+    assert gap is not None and list(gap["rate"]) == [2.0, 6.0]
+    for r in ("aladdin", "least-loaded"):
+        assert (gap["analytic_gpus"] - gap[f"planner_gpus_{r}"] == gap[f"gap_{r}"]).all()
+    # The machine-readable headline `reproduce all` reads.
+    head = json.loads((tmp_path / "headline.json").read_text())
+    claim = next(c for c in head["claims"] if c["claim"] == "GPUs, Aladdin vs vllm-default")
+    assert claim["paper"] == -0.71 and claim["scenario"] == "7b"
+    assert claim["same_sign"] == (claim["ours"] < 0)
+    assert claim["at_least_half"] == (claim["ours"] <= -0.355)
+    assert len(head["planner_gap"]) == 2
+    # The what-if: vLLM's default re-priced at the break-even all-reduce latency.
+    wi = rep.whatif
+    assert wi is not None and list(wi["rate"]) == [2.0, 6.0]
+    assert wi["lone_ms"].iloc[0] == pytest.approx(lone_decode_s(sc.profile(1)) * 1e3, rel=1e-3)
+    assert (wi["gpus"] % 4 == 0).all() and len(head["whatif_allreduce"]) == 2
+
+
+def test_whatif_profile_reprices_only_the_all_reduce(tmp_path: Path) -> None:
+    sc = Scenario("70b", "llama-2-70b", "a100-80gb-pcie", 2, 1600, 75)
+    same = load_profile(str(slow_allreduce_profile(sc, 0.0, tmp_path)))
+    assert same.coefficients == load_profile(sc.profile(4)).coefficients
+    x = break_even_extra_s(sc)
+    assert 100e-6 < x < 200e-6  # the 70B: a lone TP4 decode is ~22 ms faster over 161
+    slow = str(slow_allreduce_profile(sc, x, tmp_path))
+    assert lone_decode_s(slow) == pytest.approx(lone_decode_s(sc.profile(2)), rel=2e-3)
+    assert break_even_extra_s(Scenario("x", "llama-2-7b", "a100-80gb", 4, 400, 15)) == 0.0

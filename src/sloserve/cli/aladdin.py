@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,6 +16,9 @@ from sloserve.cli._app import app, console, reproduce_app
 from sloserve.cli._bounded import bounded
 from sloserve.core.bounds import Fraction, Millis
 from sloserve.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sloserve.experiments.aladdin import Reproduction
 
 aladdin_app = typer.Typer(
     help="Aladdin: performance models, worker configuration.", no_args_is_help=True
@@ -159,7 +162,8 @@ def reproduce_aladdin(
         bool,
         typer.Option(
             "--quick",
-            help="Llama-2-70B on the PCIe A100 testbed, three rates, 30 s each (a few minutes).",
+            help="Llama-2-70B on the PCIe A100 testbed, three rates, 30 s each, one testbed "
+            "machine, the all-reduce what-if and the planner gap (a few minutes).",
         ),
     ] = False,
     seed: Annotated[int, typer.Option("--seed", help="Workload seed.", min=0)] = 0,
@@ -170,8 +174,10 @@ def reproduce_aladdin(
         ),
     ] = None,
 ) -> None:
-    """Aladdin §6.4 (Fig. 11) in simulation: the fewest GPUs meeting the SLOs per router and
-    rate, Aladdin's analytic N_w beside them, and the headline beside the paper's."""
+    """Aladdin §6 in simulation: the fewest GPUs meeting the SLOs per router and rate (Figs.
+    11/12), attainment and P99 ATGT on one machine (Figs. 9/10), the scheduling overhead
+    (Fig. 13), Aladdin's analytic N_w beside our search and the capacity planner's, the
+    all-reduce what-if, and the headline beside the paper's (headline.json)."""
     import dataclasses
 
     from sloserve.experiments.aladdin import Plan, reproduce
@@ -198,4 +204,82 @@ def reproduce_aladdin(
             f"{law['predicted']} vs simulated {law['simulated']}",
             highlight=False,
         )
-    console.print(f"gpus.csv, headline.json and gpus_vs_rate.png written to {out}", highlight=False)
+    _print_extras(rep)
+    console.print(f"gpus.csv, headline.json and the figures written to {out}", highlight=False)
+
+
+def _print_extras(rep: Reproduction) -> None:
+    """Figs. 9/10 (testbed), Fig. 13 (scheduling overhead), the all-reduce what-if and item
+    9 (planner gap)."""
+    import math
+
+    import pandas as pd
+
+    if rep.testbed is not None:
+        t = Table(
+            "scenario",
+            "arm",
+            "rate",
+            "GPUs",
+            "attainment",
+            "P99 ATGT (ms)",
+            title="Figs. 9/10: one 4-GPU machine",
+        )
+        for r in rep.testbed.itertuples():
+            t.add_row(
+                str(r.scenario),
+                str(r.arm),
+                f"{r.rate:g}",
+                str(r.gpus),
+                f"{r.attainment:.1%}",
+                f"{r.p99_atgt_ms:.0f}",
+            )
+        console.print(t)
+    al = rep.gpus[rep.gpus["arm"] == "aladdin"]
+    t = Table(
+        "scenario",
+        "rate",
+        "workers",
+        "ms/decision",
+        "ms per s of traffic",
+        title="Fig. 13: Aladdin's scheduling overhead (CPU)",
+    )
+    for r in al.itertuples():
+        if not math.isnan(float(r.sched_ms_per_decision)):  # type: ignore[arg-type]
+            t.add_row(
+                str(r.scenario),
+                f"{r.rate:g}",
+                str(r.workers),
+                f"{r.sched_ms_per_decision:.3f}",
+                f"{r.sched_ms_per_s:.2f}",
+            )
+    console.print(t)
+    if rep.whatif is not None:
+        t = Table(
+            "scenario",
+            "extra µs per all-reduce",
+            "lone decode (ms)",
+            "rate",
+            "vLLM default GPUs",
+            "Aladdin GPUs",
+            "Aladdin vs it",
+            title="What-if: vLLM's whole-machine worker with slower all-reduces",
+        )
+        for r in rep.whatif.itertuples():
+            ch = "-" if pd.isna(r.change) else f"{float(r.change):+.0%}"  # type: ignore[arg-type]
+            t.add_row(
+                str(r.scenario),
+                f"{r.extra_us:g}",
+                f"{r.lone_ms:.1f}",
+                f"{r.rate:g}",
+                str(r.gpus),
+                str(r.aladdin_gpus),
+                ch,
+            )
+        console.print(t)
+    if rep.planner_gap is not None:
+        cols = [c for c in rep.planner_gap.columns if c != "scenario"]
+        t = Table("scenario", *cols, title="Item 9: Eq. 7's GPUs vs the capacity planner's")
+        for r in rep.planner_gap.itertuples(index=False):
+            t.add_row(*(f"{v:g}" if isinstance(v, float) else str(v) for v in r))
+        console.print(t)

@@ -54,6 +54,14 @@ Choices where the paper is vague (parameters of :class:`Placement`):
   piecewise linear in between, so its peaks are there), in O(n log n) per worker. A
   request of ``l_pred`` output tokens holds ``kv(l_in + k)`` for ``k = 0..l_pred`` (the
   paper's footprint vector ``w``).
+
+Speed: every decision may check every worker, so each worker keeps its ledger as numpy
+columns (:class:`Columns`, rebuilt only after the ledger changed: the ledger counts its
+changes in ``version``) and its capacity_norm (recomputed on the same condition); the
+progress estimate, the slack and the footprint are array expressions over those columns,
+the same floating-point operations in the same order as one request at a time, so the
+decisions are identical (``tests/test_aladdin_placement_speed.py`` replays a seeded run
+against the scalar reference).
 """
 
 from __future__ import annotations
@@ -99,12 +107,15 @@ class Ledger(dict[int | str, Placed]):
         super().__init__()
         self.sum_in = 0
         self.sum_pred = 0
+        self.version = 0
+        """Bumped by every change made through the ledger (cached columns follow it)."""
 
     def __setitem__(self, key: int | str, p: Placed) -> None:
         self.pop(key)
         super().__setitem__(key, p)
         self.sum_in += p.l_in
         self.sum_pred += p.l_pred
+        self.version += 1
 
     def pop(self, key: int | str, default: Placed | None = None) -> Placed | None:  # type: ignore[override]
         p = super().pop(key, None)
@@ -112,6 +123,7 @@ class Ledger(dict[int | str, Placed]):
             return default
         self.sum_in -= p.l_in
         self.sum_pred -= p.l_pred
+        self.version += 1
         return p
 
     def __delitem__(self, key: int | str) -> None:
@@ -121,11 +133,41 @@ class Ledger(dict[int | str, Placed]):
     def clear(self) -> None:
         super().clear()
         self.sum_in = self.sum_pred = 0
+        self.version += 1
 
     def set_pred(self, p: Placed, l_pred: int) -> None:
         """Re-predict ``p`` (one of this ledger's requests) to ``l_pred`` output tokens."""
         self.sum_pred += l_pred - p.l_pred
         p.l_pred = l_pred
+        self.version += 1
+
+    def restart(self, p: Placed, now: float) -> None:
+        """``p`` has not started: its estimated start moves to ``now`` (no stall yet)."""
+        p.placed_at, p.stall_s = max(p.placed_at, now), 0.0
+        self.version += 1
+
+    def add_stall(self, seconds: float) -> None:
+        """A new prefill on this worker stalls every request's decode by ``seconds``."""
+        for p in self.values():
+            p.stall_s += seconds
+        self.version += 1
+
+
+@dataclass
+class Columns:
+    """A ledger as numpy columns, in the ledger's order (module docstring, "Speed");
+    ``own`` is the request's own prefill, ``started`` when it starts decoding
+    (``placed_at + own + stall``, summed in that order as :meth:`Placement.generated`
+    does)."""
+
+    reqs: list[Placed]
+    l_in: np.ndarray
+    l_pred: np.ndarray
+    placed_at: np.ndarray
+    own: np.ndarray
+    started: np.ndarray
+    stall: np.ndarray
+    version: int
 
 
 @dataclass
@@ -135,6 +177,10 @@ class Worker:
     worker_id: int
     kv_capacity_gib: float
     requests: Ledger = field(default_factory=Ledger)
+    cols: Columns | None = None
+    """The ledger's columns as of ``cols.version`` (stale when the ledger moved on)."""
+    norm: tuple[int, float] = (-1, 0.0)
+    """(ledger version, capacity_norm) last computed."""
 
     @property
     def batch(self) -> int:
@@ -222,7 +268,31 @@ class Placement:
 
     def capacity_norm(self, w: Worker) -> float:
         """L2 norm of the normalised batch size and weighted context (module docstring)."""
-        return math.hypot(w.batch / self.batch_cap, self.weighted_context(w) / self.context_cap)
+        v = w.requests.version
+        if w.norm[0] != v:
+            n = math.hypot(w.batch / self.batch_cap, self.weighted_context(w) / self.context_cap)
+            w.norm = (v, n)
+        return w.norm[1]
+
+    def columns(self, w: Worker) -> Columns:
+        """The ledger of ``w`` as numpy columns, rebuilt when it changed."""
+        c, v = w.cols, w.requests.version
+        if c is None or c.version != v:
+            reqs = list(w.requests.values())
+            placed = np.array([p.placed_at for p in reqs], dtype=np.float64)
+            own = np.array([self._own_prefill(p) for p in reqs], dtype=np.float64)
+            stall = np.array([p.stall_s for p in reqs], dtype=np.float64)
+            c = w.cols = Columns(
+                reqs,
+                np.array([p.l_in for p in reqs], dtype=np.float64),
+                np.array([p.l_pred for p in reqs], dtype=np.float64),
+                placed,
+                own,
+                (placed + own) + stall,
+                stall,
+                v,
+            )
+        return c
 
     def _step_s(self, w: Worker) -> float:
         """The worker's estimated decode iteration now (the ledger's mean context)."""
@@ -244,29 +314,35 @@ class Placement:
 
     def _progress(self, w: Worker, now: float) -> tuple[np.ndarray, float]:
         """Estimated tokens generated by each request of ``w`` (re-predicting those that
-        outlived their prediction) and the worker's decode iteration now."""
-        reqs = list(w.requests.values())
+        outlived their prediction, in ledger order) and the worker's decode iteration now:
+        :meth:`generated` over the columns."""
+        c = self.columns(w)
         t_d = self._step_s(w)
-        gen = np.empty(len(reqs))
-        for i, p in enumerate(reqs):
-            g = self.generated(w, p, now, t_d)
-            if g >= p.l_pred:
-                w.requests.set_pred(p, self.predictor.repredict(p.l_in, g, p.true_out))
-            gen[i] = min(g, p.l_pred - 1)
-        return gen, t_d
+        g = now - c.started
+        np.maximum(g, 0.0, out=g)
+        g /= t_d
+        np.floor(g, out=g)
+        over = g >= c.l_pred
+        if over.any():
+            for i in np.flatnonzero(over).tolist():
+                p = c.reqs[i]
+                w.requests.set_pred(p, self.predictor.repredict(p.l_in, int(g[i]), p.true_out))
+                c.l_pred[i] = p.l_pred
+            c.version = w.requests.version  # the columns followed the re-predictions
+        return np.minimum(g, c.l_pred - 1), t_d
 
     def _slack(self, w: Worker, gen: np.ndarray, t_d: float, now: float) -> float:
         """The smallest ATGT slack of the worker's requests (module docstring, ``slack``)."""
         t_dec = self.slo.atgt_s
-        reqs = w.requests.values()
+        c = self.columns(w)
+        if not c.reqs:
+            return math.inf
         if self.slack == "budget":
             per_tok = max(t_dec - t_d, 0.0)
-            return min(per_tok * p.l_pred - p.stall_s for p in reqs)
-        saved = [
-            t_dec * g - max(0.0, now - p.placed_at - self._own_prefill(p))
-            for p, g in zip(reqs, gen, strict=True)
-        ]
-        return min(saved, default=math.inf)
+            return float((per_tok * c.l_pred - c.stall).min())
+        waited = (now - c.placed_at) - c.own
+        np.maximum(waited, 0.0, out=waited)
+        return float((t_dec * gen - waited).min())
 
     # ------------------------------------------------------------------ constraints
     def violated(
@@ -308,9 +384,9 @@ class Placement:
                 out.append("d")
                 if first:
                     return out
-        reqs = list(w.requests.values())
-        l_in_a = np.array([p.l_in for p in reqs] + [l_in], dtype=np.float64)
-        done = np.array([p.l_pred for p in reqs] + [l_pred], dtype=np.float64)
+        c = self.columns(w)
+        l_in_a = np.append(c.l_in, float(l_in))
+        done = np.append(c.l_pred, float(l_pred))
         gen_a = np.append(gen, 0.0)
         remaining = done - gen_a  # output tokens each request still generates
         # Request i holds kv(base_i + k) at iterations k = 0..rem_i (Eq. 1, the w vector),
@@ -340,10 +416,13 @@ class Placement:
         loaded candidate takes it anyway. ``prefer`` (a re-balancing move's destination,
         Algorithm 2) is tried before the others."""
         l_pred = self.predictor.predict(l_in, true_out)
-        ws = sorted(
-            (self.workers[c] for c, _ in candidates),
-            key=lambda w: (w.worker_id != prefer, -self.capacity_norm(w), w.worker_id),
-        )
+        norm, workers = self.capacity_norm, self.workers
+        keyed = [
+            (w.worker_id != prefer, -norm(w), w.worker_id, w)
+            for w in (workers[c] for c, _ in candidates)
+        ]
+        keyed.sort(key=lambda k: k[:3])
+        ws = [k[3] for k in keyed]
         queued = dict(candidates)
         for w in ws:
             why = self.violated(w, l_in, l_pred, now, queued[w.worker_id])
@@ -367,9 +446,7 @@ class Placement:
         queued: int,
     ) -> int:
         if not self.decode_only:  # the new prefill stalls the worker's decodes
-            t_new = self.m.prefill_s(queued + l_in)
-            for p in w.requests.values():
-                p.stall_s += t_new
+            w.requests.add_stall(self.m.prefill_s(queued + l_in))
         w.requests[req_id] = Placed(req_id, l_in, l_pred, now, true_out)
         self.where[req_id] = w.worker_id
         return w.worker_id

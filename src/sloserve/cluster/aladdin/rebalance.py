@@ -85,7 +85,7 @@ class Rebalancer:
         re-prediction their estimate caused is undone."""
         newest = sorted(w.requests.values(), key=lambda p: -p.placed_at)[: max(waiting, 0)]
         for p in newest:
-            p.placed_at, p.stall_s = max(p.placed_at, now), 0.0
+            w.requests.restart(p, now)
             w.requests.set_pred(p, p.l_first)
         return newest
 

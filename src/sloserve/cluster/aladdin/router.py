@@ -60,6 +60,7 @@ deviations; otherwise the rate over the whole stable window since the last chang
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -154,6 +155,10 @@ class AladdinRouter(Router):
         """(time, ``add``/``remove``, target workers) of each scaling decision."""
         self.true_out: dict[int | str, int] = {}
         """True output lengths (only for ``oracle_lengths``; the simulation fills it)."""
+        self.placements = 0
+        self.placement_cpu_s = 0.0
+        """Algorithm 1 decisions made and the CPU seconds they took (Fig. 13's scheduling
+        overhead; measured, so it varies between runs, but it steers nothing)."""
 
     def bind(self, models: PerfModels, kv_capacity_tokens: int, kv_bytes_per_token: int) -> None:
         """Learn the workers' performance models and KV capacity (once, before routing)."""
@@ -196,6 +201,7 @@ class AladdinRouter(Router):
         for r in cand:
             pl.add_worker(r.replica_id, self.kv_gib)
         pl.remove(req.req_id)  # routed again (a failover, a re-balancing move): from scratch
+        t0 = time.process_time()
         wid = pl.place(
             req.req_id,
             max(1, req.prompt_tokens),
@@ -205,6 +211,8 @@ class AladdinRouter(Router):
             prefer=self._moves.pop(req.req_id, None),
             overflow=self.overflow == "least-loaded",
         )
+        self.placement_cpu_s += time.process_time() - t0
+        self.placements += 1
         return Hold("aladdin: no worker meets the constraints") if wid is None else wid
 
     def groups(self, workers: int) -> int:

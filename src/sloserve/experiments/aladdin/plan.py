@@ -95,6 +95,15 @@ class Plan:
     seed: int = 0
     split_rates: tuple[float, ...] | None = None
     """The rates the split-phase arms run at (None: all of ``rates``)."""
+    testbed: tuple[Scenario, ...] = ()
+    """Scenarios run on one fixed machine against the rate (Figs. 9/10, ``testbed.py``)."""
+    testbed_fractions: tuple[float, ...] = (0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
+    """Testbed rates as fractions of the machine's Eq. 6 capacity (``testbed.py``)."""
+    planner_gap: bool = False
+    """Item 9: set Eq. 7's N_w beside the capacity planner's minimum (``planner_gap.py``)."""
+    whatif_extra_us: tuple[float | None, ...] = ()
+    """Extra µs per all-reduce of vLLM's whole-machine worker to re-run it with (None: the
+    break-even, where it decodes a lone request as slowly as Table 3's; ``whatif.py``)."""
 
     def rates_for(self, arm: Arm) -> tuple[float, ...]:
         return self.split_rates if arm.split and self.split_rates is not None else self.rates
@@ -110,6 +119,10 @@ class Plan:
             max_workers=32,
             seed=seed,
             split_rates=(20.0,),
+            testbed=(SC_70B,),
+            testbed_fractions=(0.4, 0.6, 0.8),
+            planner_gap=True,
+            whatif_extra_us=(60.0, None),
         )
 
     @classmethod
@@ -125,8 +138,22 @@ class Plan:
             arms=(*ARMS, ORACLE, *SPLIT_ARMS),
             max_workers=32,
             seed=seed,
+            testbed=TESTBEDS,
+            planner_gap=True,
+            whatif_extra_us=(60.0, None),
         )
 
 
 SC_70B = Scenario("70b-a100", "llama-2-70b", "a100-80gb-pcie", 2, 1600, 75)
 """The paper's headline setting: Llama-2-70B on its PCIe A100 testbed (module docstring)."""
+
+TESTBEDS = (
+    SC_70B,
+    Scenario("13b-a100", "llama-2-13b", "a100-80gb-pcie", 1, 600, 30),
+    Scenario("7b-a100", "llama-2-7b", "a100-80gb-pcie", 1, 400, 15),
+    Scenario("13b-v100", "llama-2-13b", "v100", 2, 800, 50),
+    Scenario("7b-v100", "llama-2-7b", "v100", 1, 800, 30),
+)
+"""Figs. 9 (A100) and 10 (V100): Table 2's SLOs, Table 3's workers, 4-GPU machines. The
+V100 profiles are the catalog's ``v100`` (SXM2-32GB, NVLink) roofline from its data sheet,
+not calibrated to measurements."""
