@@ -33,7 +33,9 @@ from sloserve.experiments.andes.figures import plot
 from sloserve.experiments.andes.plan import POLICIES, Plan, Run, Scenario, burstgpt_runs, plan_runs
 from sloserve.experiments.executor import Executor, as_executor
 from sloserve.experiments.report import jsonable
-from sloserve.experiments.runner import saturation_throughput, simulate
+from sloserve.experiments.runner import InstanceConfig, SimConfig, saturation_throughput, simulate
+from sloserve.workloads import WorkloadSpec
+from sloserve.workloads.arrivals import ConstantArrivals
 
 PAPER = {
     "qoe_ratio_vs_vllm_intensity": 4.7,
@@ -46,11 +48,35 @@ PAPER = {
 }
 
 
-def throughput(scenario: Scenario, *, n: int = 400, seed: int = 0, max_running: int = 256) -> float:
+def throughput(
+    scenario: Scenario,
+    *,
+    n: int = 400,
+    seed: int = 0,
+    max_running: int = 256,
+    max_batch_tokens: int = 4096,
+) -> float:
     """Requests/s vLLM completes when ``n`` requests of the mix are all queued at once."""
-    return saturation_throughput(
-        scenario.mix, scenario.profile, n=n, seed=seed, max_running=max_running
+    if max_batch_tokens == 4096:
+        return saturation_throughput(
+            scenario.mix, scenario.profile, n=n, seed=seed, max_running=max_running
+        )
+    # the same measurement with the plan's C (the shared helper fixes C at its default)
+    cfg = SimConfig(
+        workload=WorkloadSpec(
+            mix=scenario.mix,
+            arrival=ConstantArrivals(rate=1e6),
+            num_requests=n,
+            duration_s=None,
+            seed=seed,
+        ),
+        instance=InstanceConfig(
+            profile=scenario.profile, max_running=max_running, max_batch_tokens=max_batch_tokens
+        ),
+        policy="vllm",
     )
+    s = simulate(cfg).summary
+    return float(s["finished"] / s["simulated_seconds"])
 
 
 def execute(run: Run) -> dict[str, Any]:
@@ -184,7 +210,10 @@ def reproduce(
     except OSError as e:
         raise ConfigError(f"{out_dir}: cannot create the output folder ({e.strerror})") from e
     capacity = {
-        sc: throughput(sc, seed=plan.seed, max_running=plan.max_running) for sc in plan.scenarios
+        sc: throughput(
+            sc, seed=plan.seed, max_running=plan.max_running, max_batch_tokens=plan.max_batch_tokens
+        )
+        for sc in plan.scenarios
     }
     runs = plan_runs(plan, capacity)
     if burstgpt is not None:
