@@ -97,6 +97,7 @@ def test_paper_scale_plan_runs_table2_lengths_unclipped_on_the_papers_models() -
     runs = plan_runs(plan, {s: 2.0 for s in plan.scenarios})
     assert {r.experiment for r in runs} == {"intensity", "duration"}
     assert all(r.config().instance.max_batch_tokens == 131_072 for r in runs)
+    assert all(r.config().instance.max_running == 1024 for r in runs)
     run = next(r for r in runs if r.policy == "vllm" and r.experiment == "intensity")
     short = replace(run, duration_s=20.0)
     s = simulate(short.config())
