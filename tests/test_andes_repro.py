@@ -79,3 +79,31 @@ def test_max_sustained_interpolates_the_qoe_line() -> None:
     df = pd.DataFrame({"x": [1.0, 2.0, 3.0], "qoe_mean": [0.99, 0.97, 0.91]})
     assert _max_sustained(df) == pytest.approx(2.0 + (0.97 - 0.95) / (0.97 - 0.91))
     assert _max_sustained(df.assign(qoe_mean=[0.9, 0.8, 0.7])) != _max_sustained(df)
+
+
+def test_paper_scale_plan_runs_table2_lengths_unclipped_on_the_papers_models() -> None:
+    """Andes §6.1: Llama-3.1-70B and Phi-3.5-MoE on 8× A100-40GB, Multi-Round ShareGPT
+    lengths (mean prompt 3,171, std 7,943) unclipped: C is raised to the models' context so
+    that vLLM rejects nothing (with C = 4,096 it rejects every request over 4,096 tokens)."""
+    from dataclasses import replace
+
+    from sloserve.experiments.runner import simulate
+
+    plan = Plan.paper()
+    assert {s.profile for s in plan.scenarios} == {
+        "llama-3.1-70b@a100-40gbx8",
+        "phi-3.5-moe@a100-40gbx8",
+    }
+    runs = plan_runs(plan, {s: 2.0 for s in plan.scenarios})
+    assert {r.experiment for r in runs} == {"intensity", "duration"}
+    assert all(r.config().instance.max_batch_tokens == 131_072 for r in runs)
+    assert all(r.config().instance.max_running == 1024 for r in runs)
+    run = next(r for r in runs if r.policy == "vllm" and r.experiment == "intensity")
+    short = replace(run, duration_s=20.0)
+    s = simulate(short.config())
+    prompts = s.table["prompt_tokens"]
+    assert prompts.max() > 4096 and s.summary["rejected"] == 0
+    clipped = replace(short, max_batch_tokens=4096)
+    s4 = simulate(clipped.config()).summary
+    assert s4["rejected"] == int((s.table["prompt_tokens"] + s.table["output_tokens"] > 4096).sum())
+    assert s4["rejected"] > 0

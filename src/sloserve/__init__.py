@@ -59,6 +59,8 @@ _EXPORTS: dict[str, str] = {
     # capacity planning
     "plan_capacity": "sloserve.experiments.capacity.run",
     "CapacityResult": "sloserve.experiments.capacity.planner",
+    # the papers' reproductions, all at once, and their headline claims beside ours
+    "reproduce_all": "sloserve.experiments.headline",
     # errors
     "SloserveError": "sloserve.core.errors",
     "ConfigError": "sloserve.core.errors",
@@ -104,6 +106,7 @@ __all__ = [
     "profile_names",
     "register_policy",
     "register_router",
+    "reproduce_all",
     "router_names",
     "simulate",
     "write_report",
@@ -147,6 +150,7 @@ if TYPE_CHECKING:  # for type checkers and the API docs; at run time names load 
     )
     from sloserve.experiments.capacity.planner import CapacityResult
     from sloserve.experiments.capacity.run import plan_capacity
+    from sloserve.experiments.headline import reproduce_all
     from sloserve.experiments.report import write_report
     from sloserve.experiments.runner import InstanceConfig, RunResult, SimConfig
     from sloserve.policies.registry import make_policy, policy_names

@@ -24,6 +24,7 @@ from sloserve.cli import (  # noqa: F401  (imported for their command registrati
     infermax,
     aladdin,
     qlm,
+    reproduce_all,
     serve,
 )
 

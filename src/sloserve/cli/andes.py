@@ -32,9 +32,24 @@ def reproduce_andes(
         Path | None,
         typer.Option("--burstgpt", help="Also replay this BurstGPT CSV (§6.2) for every policy."),
     ] = None,
+    paper_scale: Annotated[
+        bool,
+        typer.Option(
+            "--paper-scale",
+            help="The paper's setting: Llama-3.1-70B and Phi-3.5-MoE on 8x A100-40GB, Table 2 "
+            "lengths unclipped, intensity and duration sweeps.",
+        ),
+    ] = False,
+    cycle: Annotated[
+        float | None,
+        typer.Option("--cycle", min=10.0, help="Seconds of one burst cycle (default: the plan's)."),
+    ] = None,
 ) -> None:
     """Andes §6.3–6.4: cyclic bursts (intensity, duration), Poisson load, and the refiner,
     solver and Δt ablations; plots, a table and the headline numbers beside the paper's."""
+    from dataclasses import replace
+
+    from sloserve.core.errors import ConfigError
     from sloserve.experiments.andes import Plan, reproduce
     from sloserve.experiments.andes.tables import (
         ablation_table,
@@ -44,7 +59,11 @@ def reproduce_andes(
     )
     from sloserve.experiments.executor import make_executor
 
-    plan = Plan.quick(seed) if quick else Plan.full(seed)
+    if quick and paper_scale:
+        raise ConfigError("--quick and --paper-scale: choose one")
+    plan = Plan.paper(seed) if paper_scale else Plan.quick(seed) if quick else Plan.full(seed)
+    if cycle is not None:
+        plan = replace(plan, cycle_s=cycle)
     with make_executor(executor, workers) as ex, progress_bar("andes runs") as bar:
         rep = reproduce(
             plan,
@@ -54,7 +73,8 @@ def reproduce_andes(
             progress=bar,
             burstgpt=str(burstgpt) if burstgpt is not None else None,
         )
-    console.print(_caption(plan, quick), style="dim", highlight=False, soft_wrap=True)
+    scale = "paper-scale" if paper_scale else "quick" if quick else "full"
+    console.print(_caption(plan, scale), style="dim", highlight=False, soft_wrap=True)
     console.print(_table(policy_table(rep.results), "Mean QoE by policy (averaged over the knob)"))
     ablations = ablation_table(rep.results)
     if len(ablations):
@@ -72,15 +92,16 @@ def reproduce_andes(
     console.print(f"results, plots and headline.json written to {out}", highlight=False)
 
 
-def _caption(plan: Any, quick: bool) -> str:
+def _caption(plan: Any, scale: str) -> str:
     """What ran, in one line (the echo every command gives)."""
     from sloserve.experiments.andes.plan import POLICIES
 
     scen = ", ".join(f"{s.profile} / {s.mix}" for s in plan.scenarios)
     return (
-        f"{'quick' if quick else 'full'} plan | scenarios {scen} | policies "
+        f"{scale} plan | scenarios {scen} | policies "
         f"{', '.join(POLICIES)} | cyclic bursts over {plan.cycle_s:g} s | SLO: QoE "
-        f"(Andes' reading-speed expectation) | seed {plan.seed}"
+        f"(Andes' reading-speed expectation) | C {plan.max_batch_tokens:,} tokens | seed "
+        f"{plan.seed}"
     )
 
 

@@ -13,6 +13,14 @@ Experiments, each a grid of runs (one policy on one replica over one workload):
 
 The replica's throughput without bursts is measured, not assumed: the request rate vLLM
 completes when the whole workload's requests are queued at once (a saturated replica).
+
+:meth:`Plan.paper` is the paper's own scale (§6.1, Tables 1 and 2): Llama-3.1-70B and
+Phi-3.5-MoE on 8× A100-40GB (priced from the catalog specs by the roofline model), Table 2's
+Multi-Round ShareGPT lengths unclipped (both models have a 131,072-token context), and C
+(tokens per iteration) raised to that context, as vLLM sets ``max_num_batched_tokens`` to
+``max_model_len`` without chunked prefill: with C = 4,096 vLLM would reject every request
+longer than 4,096 tokens (21% of this mix; 0.04% exceed the 131,072-token context and
+are clipped to it).
 """
 
 from __future__ import annotations
@@ -24,6 +32,15 @@ from sloserve.experiments.runner import InstanceConfig, SimConfig
 from sloserve.workloads import WorkloadSpec
 
 POLICIES = ("vllm", "sarathi", "lqsf", "andes")
+PAPER_LLAMA = "llama-3.1-70b@a100-40gbx8"
+PAPER_PHI = "phi-3.5-moe@a100-40gbx8"
+PAPER_CONTEXT = 131_072
+PAPER_MAX_RUNNING = 1024
+"""Andes Table 1's testbed: each model tensor-parallel over 8× A100-40GB (AWS p4d.24xlarge),
+and both models' context length. R_max is raised from vLLM's 256 so that KV memory binds,
+as Andes' memory trigger assumes: with 256 slots Phi-3.5-MoE's 1.65M-token KV cache is 32%
+used (time-weighted, vLLM at intensity 2), the slots bind, and Andes, triggered by memory
+or token latency only, never engages (QoE 0.569, exactly vLLM's)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,9 @@ class Plan:
     max_running: int = 256
     # DP is O(N·B·units): its ablation uses fewer memory units to stay affordable
     dp_units: int = 64
+    # C, tokens per iteration: vLLM's max_num_batched_tokens (>= the longest request
+    # without chunked prefill)
+    max_batch_tokens: int = 4096
 
     @staticmethod
     def quick(seed: int = 0) -> Plan:
@@ -61,6 +81,27 @@ class Plan:
             delta_ts=(),
             ablations=True,
             seed=seed,
+        )
+
+    @staticmethod
+    def paper(seed: int = 0, *, cycle_s: float = 600.0) -> Plan:
+        """The paper's models, GPUs and lengths (§6.1): the intensity and duration sweeps of
+        §6.3 (Figures 15, 16) on both, no Poisson sweep or ablations (the paper runs those on
+        Llama-3.1-70B only; ``full`` has them on the Llama-2 profiles)."""
+        return Plan(
+            scenarios=(
+                Scenario(PAPER_LLAMA, "andes-sharegpt"),
+                Scenario(PAPER_PHI, "andes-sharegpt"),
+            ),
+            cycle_s=cycle_s,
+            intensities=(1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75),
+            durations=(0.1, 0.2, 0.35, 0.45),
+            poisson_loads=(),
+            delta_ts=(),
+            ablations=False,
+            seed=seed,
+            max_running=PAPER_MAX_RUNNING,
+            max_batch_tokens=PAPER_CONTEXT,
         )
 
     @staticmethod
@@ -97,6 +138,7 @@ class Run:
     max_running: int
     duration_s: float
     trace: str | None = None
+    max_batch_tokens: int = 4096
 
     def config(self) -> SimConfig:
         spec: dict[str, Any]
@@ -118,7 +160,11 @@ class Run:
             }
         return SimConfig(
             workload=WorkloadSpec.model_validate(spec),
-            instance=InstanceConfig(profile=self.scenario.profile, max_running=self.max_running),
+            instance=InstanceConfig(
+                profile=self.scenario.profile,
+                max_running=self.max_running,
+                max_batch_tokens=self.max_batch_tokens,
+            ),
             policy=self.policy,
             policy_params=dict(self.params),
         )
@@ -138,7 +184,7 @@ def plan_runs(plan: Plan, capacity: dict[Scenario, float]) -> list[Run]:
     ) -> None:
         runs.append(
             Run(exp, sc, policy, tuple(sorted(params.items())), arrival, x, label, plan.seed,
-                plan.max_running, plan.cycle_s)
+                plan.max_running, plan.cycle_s, max_batch_tokens=plan.max_batch_tokens)
         )  # fmt: skip
 
     for sc in plan.scenarios:
@@ -188,7 +234,7 @@ def burstgpt_runs(
     sc = Scenario(plan.scenarios[0].profile, "burstgpt")
     return [
         Run("burstgpt", sc, pol, (), {"kind": "trace"}, k, pol, plan.seed, plan.max_running,
-            plan.cycle_s, trace=path)
+            plan.cycle_s, trace=path, max_batch_tokens=plan.max_batch_tokens)
         for pol in POLICIES
         for k in speedups
     ]  # fmt: skip

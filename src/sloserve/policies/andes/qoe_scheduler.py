@@ -10,7 +10,8 @@ Choices where the paper is vague:
   total context are nearly perfectly correlated).
 * **Selective triggering.** The knapsack runs only when (a) KV occupancy is at or above
   ``watermark`` (default 90%); or (b) the running requests fill ``watermark`` of R_max
-  (``slot_trigger``; our generalisation: R_max is capacity just as M is); or (c) the
+  (``slot_trigger``; our generalisation, off by default for Andes because it thrashes: see
+  :mod:`~sloserve.policies.andes.config`); or (c) the
   current token latency exceeds ``1 / s_max`` (the most stringent reading speed); or (d)
   a request Andes preempted is still waiting or swapped (so that a FCFS pass never undoes
   Andes' preemptions). Otherwise the decision is vLLM's FCFS (a :class:`UnifiedScheduler`
