@@ -140,3 +140,27 @@ def test_whatif_profile_reprices_only_the_all_reduce(tmp_path: Path) -> None:
     slow = str(slow_allreduce_profile(sc, x, tmp_path))
     assert lone_decode_s(slow) == pytest.approx(lone_decode_s(sc.profile(2)), rel=2e-3)
     assert break_even_extra_s(Scenario("x", "llama-2-7b", "a100-80gb", 4, 400, 15)) == 0.0
+
+
+def test_fewest_finds_small_counts_when_more_workers_do_worse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    # (the package exports the function ``reproduce``, which shadows the module's name)
+    rp = importlib.import_module("sloserve.experiments.aladdin.reproduce")
+
+    # Best fit leaves extra workers idle: 6 to 10 workers pass, larger clusters miss.
+    tried: list[int] = []
+
+    def fake(plan: Plan, sc: Scenario, arm: object, rate: float, w: int, profile: object):  # type: ignore[no-untyped-def]
+        tried.append(w)
+        return rp.RunStats(0.995 if 6 <= w <= 10 else 0.9, 10.0)
+
+    monkeypatch.setattr(rp, "run_stats", fake)
+    plan = Plan((), (1.0,), 1.0, max_workers=32)
+    sc = Scenario("x", "llama-2-7b", "a100-80gb", 1, 400, 15)
+    w, st = rp.fewest(plan, sc, ARMS[0], 1.0)
+    assert (w, st.attainment) == (6, 0.995) and tried[:4] == [1, 2, 4, 8]
+    monkeypatch.setattr(rp, "run_stats", lambda *a: rp.RunStats(0.5, 10.0))
+    assert rp.fewest(plan, sc, ARMS[0], 1.0)[0] == 33  # none passes: max_workers + 1
