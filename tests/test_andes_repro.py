@@ -107,3 +107,14 @@ def test_paper_scale_plan_runs_table2_lengths_unclipped_on_the_papers_models() -
     s4 = simulate(clipped.config()).summary
     assert s4["rejected"] == int((s.table["prompt_tokens"] + s.table["output_tokens"] > 4096).sum())
     assert s4["rejected"] > 0
+
+
+def test_paper_scale_and_quick_are_exclusive(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_helpers import assert_user_error, run_main
+
+    proc = run_main(monkeypatch, capsys, "reproduce", "andes", "--quick", "--paper-scale")
+    assert_user_error(proc, "--quick", "--paper-scale")
+    proc = run_main(monkeypatch, capsys, "reproduce", "andes", "--cycle", "1e300")
+    assert_user_error(proc, "--cycle")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sloserve.experiments.andes import (
     PAPER,
@@ -75,7 +76,7 @@ def test_headline_table_shows_each_ratio_once() -> None:
     # the two keys are the same number: the table must not show it twice
     assert scen["realised_gain"] == scen["intensity_ratio_at_qoe_0.95"]
     t = headline_table(head)
-    assert len(t) == len(set(t["headline"])) == 6
+    assert len(t) == len(set(t["headline"])) == 8
     ours = t["llama-2-7b-a100/andes-sharegpt"].tolist()
     ratio = f"{scen['intensity_ratio_at_qoe_0.95']:.2f}×"
     assert ours.count(ratio) == 1
@@ -107,3 +108,13 @@ def test_every_figure_is_titled_for_what_it_shows(tmp_path: Path) -> None:
     assert TITLES["duration"] in titles
     assert "burst duration" in TITLES["duration"] and "intensity" not in TITLES["duration"]
     assert len(titles) == 5 and all(titles)
+
+
+def test_headline_has_the_max_and_the_mean_ratio_of_each_sweep() -> None:
+    res = _results()
+    scen = headline(res)["scenarios"]["llama-2-7b-a100/andes-sharegpt"]
+    e = res[res["experiment"] == "intensity"]
+    piv = e.pivot_table(index="x", columns="policy", values="qoe_mean")
+    ratios = piv["andes"] / piv["vllm"]
+    assert scen["qoe_ratio_vs_vllm_intensity"] == pytest.approx(ratios.max())
+    assert scen["qoe_ratio_vs_vllm_intensity_mean"] == pytest.approx(ratios.mean())

@@ -12,8 +12,9 @@ import typer
 from rich.table import Table
 
 from sloserve.cli._app import ExecutorOpt, console, reproduce_app
-from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt
+from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt, bounded
 from sloserve.cli._progress import progress_bar
+from sloserve.core.bounds import Seconds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,7 +43,7 @@ def reproduce_andes(
     ] = False,
     cycle: Annotated[
         float | None,
-        typer.Option("--cycle", min=10.0, help="Seconds of one burst cycle (default: the plan's)."),
+        bounded(Seconds, "--cycle", help="Seconds of one burst cycle (default: the plan's)."),
     ] = None,
 ) -> None:
     """Andes §6.3–6.4: cyclic bursts (intensity, duration), Poisson load, and the refiner,
