@@ -54,10 +54,16 @@ EXPECTED = {
 }
 """Profile name → TP chosen by the rule (smallest TP with M(0.9) ≥ max(context, 16k))."""
 
-ABOVE_10_PERCENT = {("qwen-72b-a100x4", "all_reduce"): 0.12}
-"""Known exceptions to the 10% held-out bound, with their own bound: the 4-GPU NVSwitch
-all-reduce curve (a100_dgx) bends between its latency floor and its bandwidth slope, and the
-profile's comm term is a line (held-out median 10.4%)."""
+ABOVE_10_PERCENT = {("llama-2-70b-a100x2", "all_reduce"): 0.11}
+"""Known exceptions to the 10% held-out bound, with their own bound. The all-reduce line is
+fitted for the iteration time, not the message (vidur_tables: issue 22): on the 2-GPU
+pairwise-NVLink curve, flat at ~0.06 ms up to ~500 tokens and then linear, that trades
+per-message error at the 4k-token sizes (now ~12% low) for the decode sizes (median error
+22% → 10%); per message the held-out median is 10.1%. (The 4-GPU a100_dgx exception this
+replaced, 10.4%, is 9.5% with the same objective.)"""
+
+R2_BELOW_095 = {("llama-2-70b-a100x2", "all_reduce"): 0.94}
+"""The same trade, in R² per message (0.946)."""
 
 needs_vidur = pytest.mark.skipif(
     not VIDUR_DIR.is_dir(), reason=f"Vidur profiling data not found at {VIDUR_DIR}"
@@ -167,7 +173,7 @@ def test_held_out_median_error_under_10_percent(calibrated: dict[str, ReplicaPro
                 + (" (derived)" if "derived_from" in rep else "")
             )
             assert rep["median_rel_err"] < bound, (name, group, rep["median_rel_err"])
-            assert rep["r2"] > 0.95, (name, group, rep["r2"])
+            assert rep["r2"] > R2_BELOW_095.get((name, group), 0.95), (name, group, rep["r2"])
     print("\n".join(lines))
 
 

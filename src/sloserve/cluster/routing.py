@@ -479,3 +479,6 @@ def route_explained(
         "hold": d.reason if isinstance(d, Hold) else "",
         "queue_s": 0.0,
     }
+
+
+import sloserve.cluster.vidur_lor  # noqa: E402, F401  (registers "vidur-lor"; needs the above)

@@ -205,7 +205,7 @@ def calibrate_pair(
         measured = load_all_reduce_rows(path, tp, dpn)
         top = float(measured["size"].max())
         grid = [int(t) for t in table["num_tokens"] if t * ar_bytes <= top]
-        ar_fit = fit_all_reduce(measured, grid, ar_bytes)
+        ar_fit = fit_all_reduce(measured, grid, ar_bytes, iteration=(n_ar, non_attn.curve))
         data = f"network/{topo}/all_reduce.csv (num_workers == {tp}"
         data += ")" if dpn is None else f", devices_per_node == {tp})"
         groups["all_reduce"] = _all_reduce_report(ar_fit, data, n_ar)

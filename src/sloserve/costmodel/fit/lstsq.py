@@ -83,9 +83,13 @@ def holdout_mask(n: int, every: int = HOLDOUT_EVERY) -> NDArray[np.bool_]:
 
 
 def relative_lstsq(
-    x: FloatArray, y: FloatArray, nonneg: Sequence[bool] | None = None
+    x: FloatArray,
+    y: FloatArray,
+    nonneg: Sequence[bool] | None = None,
+    scale: FloatArray | None = None,
 ) -> FloatArray:
-    """Coefficients ``c`` minimising ``Σ ((x·c − y) / y)²``.
+    """Coefficients ``c`` minimising ``Σ ((x·c − y) / y)²`` (with ``scale``:
+    ``Σ ((x·c − y) / scale)²``, each row's error relative to a positive quantity of its own).
 
     ``nonneg[j]`` constrains ``c[j] ≥ 0``. The constrained problem is solved exactly by
     bounded-variable least squares (:func:`scipy.optimize.lsq_linear`, BVLS) on the
@@ -104,7 +108,13 @@ def relative_lstsq(
     cons = [False] * k if nonneg is None else list(nonneg)
     if len(cons) != k:
         raise ValueError(f"nonneg has {len(cons)} entries for {k} columns")
-    w = 1.0 / y
+    if scale is None:
+        w = 1.0 / y
+    else:
+        sc = np.asarray(scale, dtype=np.float64)
+        if sc.shape != y.shape or np.any(sc <= 0):
+            raise ValueError("scale must be positive, one per row")
+        w = 1.0 / sc
     a, b = x * w[:, None], y * w
     sol, *_ = np.linalg.lstsq(a, b, rcond=None)
     coef: FloatArray = np.asarray(sol, dtype=np.float64)

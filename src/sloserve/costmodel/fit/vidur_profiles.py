@@ -256,12 +256,13 @@ def fit_builtin_profiles(
     attn_70b = AttentionPerLayer.from_fits(dec_fit, pre_fit)
 
     ar_bytes_per_token = LLAMA_2_70B.hidden_size * LLAMA_2_70B.dtype_bytes
+    n_ar = 2 * LLAMA_2_70B.num_layers + 1
     ar_fit = fit_all_reduce(
         load_all_reduce(root / ALL_REDUCE_CSV, num_workers=2),
         table_70b["num_tokens"].tolist(),
         ar_bytes_per_token,
+        iteration=(n_ar, non_attn_70b.curve),
     )
-    n_ar = 2 * LLAMA_2_70B.num_layers + 1
 
     kv_70b = kv_bytes_per_token_per_layer_per_gpu(LLAMA_2_70B, 2)
     kv_7b = kv_bytes_per_token_per_layer_per_gpu(LLAMA_2_7B, 1)
