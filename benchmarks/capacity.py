@@ -10,11 +10,13 @@ tokens; SLO ``ttft_p90=2s,tpot_p90=100ms`` at an attainment of 0.95.
   Issue target: <= 30 s on the development machine.
 * ``search``: a search over profiles × routers × policies (2 × 2 × 2 arms, replica counts
   1..32: 256 configurations) at one rate. Issue target: <= 60 s for >= 200 configurations.
+* ``--screen F``: the screening share of the window (default 0.25; 0: search the whole
+  window directly, as before screening existed).
 * ``--ray``: the same search again on a local Ray with the same number of CPUs; the answers
   must be identical (they are compared and the result printed).
 
     python benchmarks/capacity.py [--parts point,search] [--workers 2] [--ray]
-                                  [--rate 8] [--json out.json]
+                                  [--rate 8] [--screen 0.25] [--json out.json]
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def workload() -> dict[str, Any]:
     }
 
 
-def run(name: str, executor: Any, rate: float, **space: Any) -> dict[str, Any]:
+def run(name: str, executor: Any, rate: float, screen: float, **space: Any) -> dict[str, Any]:
     import sloserve
 
     t0 = time.perf_counter()
@@ -55,6 +57,7 @@ def run(name: str, executor: Any, rate: float, **space: Any) -> dict[str, Any]:
         rates=[rate],
         seeds=[0],
         executor=executor,
+        screen=screen or None,
         **space,
     )
     wall = time.perf_counter() - t0
@@ -93,6 +96,9 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=8.0)
     ap.add_argument("--ray", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--screen", type=float, default=0.25, help="screening share of the window (0: off)"
+    )
     args = ap.parse_args()
     from sloserve.experiments.executor import LocalExecutor
 
@@ -106,14 +112,14 @@ def main() -> None:
     results = []
     with LocalExecutor(args.workers) as ex:
         if "point" in parts:
-            results.append(run("point", ex, args.rate, **point))
+            results.append(run("point", ex, args.rate, args.screen, **point))
         if "search" in parts:
-            results.append(run("search", ex, args.rate, **search))
+            results.append(run("search", ex, args.rate, args.screen, **search))
     if args.ray:
         from sloserve.experiments.executor import RayExecutor
 
         ray_ex = RayExecutor(args.workers)
-        on_ray = run("search-ray", ray_ex, args.rate, **search)
+        on_ray = run("search-ray", ray_ex, args.rate, args.screen, **search)
         local = next((r for r in results if r["part"] == "search"), None)
         if local is not None:
             same = on_ray["answers"] == local["answers"]
