@@ -301,3 +301,19 @@ def test_cli_bad_input_exits_2(
         err = capsys.readouterr().err
         assert ei.value.code == 2, err
         assert err.startswith("sloserve: error: ") and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_solve_without_a_schedule_is_reported_not_a_crash() -> None:
+    # CP-SAT stopped by its time limit before finding any schedule: no latency (None)
+    from sloserve.experiments.infermax.headline import CSP_METRIC, _csp
+
+    rows = [[256, 512, None, None, "unknown", None, 2.6, "optimal", "vllm", 2.6, None]]
+    csp = pd.DataFrame(rows, columns=CSP_COLUMNS)  # an all-None column is of dtype object
+    csp["best_evicting_latency"] = [None]
+    presets = pd.DataFrame(
+        {"I": [256] * 4, "label": ["vllm", "vllm-ef", "sarathi", "sarathi-ef"]}
+    ).assign(**{CSP_METRIC: [2.7, 2.6, 2.8, 2.65]})
+    sol = _csp(presets, csp)["solver"]
+    assert sol["not_optimal_at_I"] == [256] and sol["optimum_evicts_at_I"] == []
+    assert sol["preset_beats_solver_at_I"] == []  # nothing to beat
+    assert sol["evict_cut_max"] is None

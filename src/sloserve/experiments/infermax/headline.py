@@ -219,6 +219,11 @@ def _csp(g: pd.DataFrame | None, csp: pd.DataFrame | None) -> dict[str, Any]:
             h["vllm_evicting_wins_at_I"] = helps
     if csp is not None and len(csp):
         c = csp.copy()
+        # A solve stopped by its time limit before any schedule has no latency (None in
+        # an object column): NaN, so that it compares false and drops out of the maxima.
+        for col in ("optimal_latency", "best_evicting_latency", "best_ef_latency", "gap"):
+            if col in c:
+                c[col] = pd.to_numeric(c[col], errors="coerce")
         c["best_latency"] = c["optimal_latency"]
         c["evicts"] = c["optimal_evictions"].fillna(0) > 0
         if "best_evicting_latency" in c:
