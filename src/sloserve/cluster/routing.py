@@ -25,7 +25,8 @@ Stages:
 
 Choices where the papers are vague (all parameters, see :func:`make_router`):
 
-- ``least-outstanding`` is Vidur's LOR: fewest requests held (waiting + running + swapped).
+- ``least-outstanding`` is like Vidur's LOR but counts every request held (waiting +
+  running + swapped) and breaks ties in rotation; Vidur's exact LOR is ``vidur-lor``.
   With ``max_outstanding`` set it holds a request in the global queue when every replica
   already has that many, and the cluster hands it out as soon as one has room.
 - ``jsq-tokens`` scores queued prompt tokens, with outstanding requests as a 0.1-weight
@@ -400,7 +401,7 @@ _ROUTERS: dict[str, tuple[RouterFactory, str]] = {
     "round-robin": (_round_robin, "accepting replicas in turn"),
     "least-outstanding": (
         _least_outstanding,
-        "fewest requests held (Vidur's LOR); max_outstanding holds beyond it",
+        "fewest requests held (like Vidur's LOR); max_outstanding holds beyond it",
     ),
     "least-loaded": (_least_loaded, "fewest requests held, then lowest KV usage (weight 0.25)"),
     "jsq-tokens": (_jsq_tokens, "join the shortest queue by prompt tokens still to prefill"),
