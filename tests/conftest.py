@@ -23,3 +23,23 @@ def azure() -> TraceTable:
 def wide(monkeypatch: pytest.MonkeyPatch) -> None:
     """A console wide enough that rich does not ellipsize table cells."""
     monkeypatch.setattr(cli.console, "_width", 250)
+
+
+CONST_STEP_S = 0.01
+"""Every iteration of the ``const_profile`` fixture's replica, whatever it holds."""
+
+
+@pytest.fixture(scope="module")
+def const_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Llama-2-7B on an A100 whose every iteration takes 10 ms (hand-computable runs)."""
+    import yaml
+
+    import sloserve
+
+    src = Path(sloserve.__file__).parent / "costmodel" / "profiles" / "llama-2-7b-a100.yaml"
+    data = yaml.safe_load(src.read_text())
+    data.update(name="const-10ms", source="test", coefficients={"intercept": CONST_STEP_S})
+    data.pop("fit_report", None)
+    path = tmp_path_factory.mktemp("prof") / "const.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)

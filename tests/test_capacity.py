@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import sloserve
+from conftest import CONST_STEP_S
 from sloserve.core.errors import ConfigError
 from sloserve.experiments.capacity import planner
 from sloserve.experiments.capacity.probe import Probe, ProbeResult, run_probe
@@ -19,20 +20,8 @@ from sloserve.experiments.capacity.slo import parse_slo
 from sloserve.experiments.capacity.space import Arm, Layout, groups, parse_layout, parse_rates
 from sloserve.experiments.executor import LocalExecutor
 
-PROFILES = Path(sloserve.__file__).parent / "costmodel" / "profiles"
-STEP_S = 0.01  # every iteration of the constant profile
+STEP_S = CONST_STEP_S  # every iteration of the constant profile (conftest)
 OUT_LEN = 10  # output tokens per request: one prefill step, then nine decode steps
-
-
-@pytest.fixture(scope="module")
-def const_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Llama-2-7B on an A100 whose every iteration takes 10 ms, whatever it holds."""
-    data = yaml.safe_load((PROFILES / "llama-2-7b-a100.yaml").read_text())
-    data.update(name="const-10ms", source="test", coefficients={"intercept": STEP_S})
-    data.pop("fit_report", None)
-    path = tmp_path_factory.mktemp("prof") / "const.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
 
 
 def _base(rate: float, duration: float = 20.0) -> dict[str, Any]:

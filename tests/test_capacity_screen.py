@@ -4,43 +4,16 @@ answer. Only whole-window runs decide, so the answer is the one a direct search 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import sloserve
 from sloserve.core.errors import ConfigError
 from sloserve.experiments.capacity.planner import SCREEN_MIN_S, screen_window
 from sloserve.experiments.capacity.search import FewestSearch, run_searches
 from sloserve.experiments.executor import LocalExecutor
-
-PROFILES = Path(sloserve.__file__).parent / "costmodel" / "profiles"
-
-
-@pytest.fixture(scope="module")
-def const_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Llama-2-7B on an A100 whose every iteration takes 10 ms, whatever it holds."""
-    data = yaml.safe_load((PROFILES / "llama-2-7b-a100.yaml").read_text())
-    data.update(name="const-10ms", source="test", coefficients={"intercept": 0.01})
-    data.pop("fit_report", None)
-    path = tmp_path_factory.mktemp("prof") / "const.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
-def _base(rate: float, duration: float) -> dict[str, Any]:
-    # 10 steps of 10 ms per request, one request per replica: ceil(rate * 0.1) replicas.
-    return {
-        "workload": {
-            "arrival": {"kind": "constant", "rate": rate},
-            "duration_s": duration,
-            "prompt": {"kind": "fixed", "value": 16},
-            "output": {"kind": "fixed", "value": 10},
-        },
-        "instance": {"max_running": 1},
-    }
+from test_capacity import _base  # 10 ms steps, 10 outputs, one request per replica
 
 
 def test_the_window_is_cut_only_when_long_enough() -> None:
