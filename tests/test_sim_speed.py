@@ -60,16 +60,35 @@ def test_peek_control_and_cancel() -> None:
             "vllm",
             {"replicas": [{"count": 4}], "router": "power-of-two", "router_params": {"kv_weight": 0}},
         ),
+        # routers whose only progress read is KV usage (exact mid-run: fastpath.kv_blocks_at)
+        ("vllm", {"replicas": [{"count": 3}], "router": "least-loaded"}),
+        ("sarathi", {"replicas": [{"count": 4}], "router": "power-of-two"}),
+        ("vllm", {"replicas": [{"count": 3}], "router": "least-kv"}),
+        (
+            "sarathi",
+            {
+                "replicas": [{"count": 3}],
+                "router": "least-loaded",
+                "router_params": {"kv_weight": 1.0},
+                "failures": [{"replica": 0, "at_s": 5.0, "recover_s": 8.0}],
+            },
+        ),
     ],
 )
+@pytest.mark.parametrize("kv_tokens", [None, 6000])  # 6,000: KV fills, preemptions
 def test_count_only_routers_give_the_same_requests_with_fewer_decisions(
-    policy: str, cluster: dict, monkeypatch: pytest.MonkeyPatch
+    policy: str, cluster: dict, kv_tokens: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cc = ClusterConfig.load(cluster)
-    fast = simulate_cluster(_cfg(policy), cc)
+    cfg = _cfg(policy)
+    if kv_tokens is not None:
+        cfg = cfg.model_copy(
+            update={"instance": cfg.instance.model_copy(update={"kv_capacity_tokens": kv_tokens})}
+        )
+    fast = simulate_cluster(cfg, cc)
     # The same run with every replica stopping at every event (the behaviour before).
     monkeypatch.setattr(cluster_mod.Cluster, "_cuts_on_arrival", lambda self, inst: False)
-    slow = simulate_cluster(_cfg(policy), cc)
+    slow = simulate_cluster(cfg, cc)
     pd.testing.assert_frame_equal(fast.table, slow.table)
     for i, ends in slow.iter_ends.items():
         np.testing.assert_array_equal(fast.iter_ends[i], ends)
@@ -79,7 +98,7 @@ def test_count_only_routers_give_the_same_requests_with_fewer_decisions(
 
 
 def test_routers_that_read_progress_keep_every_cut() -> None:
-    cc = ClusterConfig.load({"replicas": [{"count": 2}], "router": "least-kv"})
+    cc = ClusterConfig.load({"replicas": [{"count": 2}], "router": "jsq-tokens"})
     res = simulate_cluster(_cfg("vllm"), cc)
     assert res.cluster is not None
     assert all(

@@ -27,7 +27,7 @@ Choices:
   run's horizon, ``no_replica`` when the run ran out of events with nothing to serve them.
 - Fast path (speed only, the same requests' results): an instance fast-forwards a
   repeatable batch up to the next event that can change it. With a router that reads only
-  request counts (:attr:`Router.reads_progress` false) and a KV manager that can shrink,
+  request counts and KV usage (``reads_kv_only``) and a KV manager that can shrink,
   that is the next control event (a fault, join, drain, the horizon): neither arrivals
   nor other replicas' iterations cut its runs; a request routed to it mid-run cuts the
   run at that instant instead (:meth:`Instance.interrupt`), exactly where a run planned
@@ -314,7 +314,7 @@ class Cluster:
     def _cuts_on_arrival(self, inst: Instance) -> bool:
         """Whether ``inst`` runs past arrivals and is cut when one reaches it (module
         docstring, fast path)."""
-        return not self.router.reads_progress and inst.kv.can_shrink
+        return (not self.router.reads_progress or self.router.reads_kv_only) and inst.kv.can_shrink
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from sloserve.cluster.view import ReplicaStatus, RouteRequest
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
+from sloserve.engine.fastpath import kv_blocks_at
 from sloserve.engine.instance import Instance
 
 
@@ -196,7 +197,8 @@ class SimReplicaView:
         inst = self._r.instance
         if inst is None:
             return math.nan
-        return inst.kv.num_used_blocks / inst.kv.num_blocks
+        # exact mid-run: a run may fast-forward past this instant (fastpath.kv_blocks_at)
+        return kv_blocks_at(inst, inst.env.now) / inst.kv.num_blocks
 
     def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
         inst = self._r.instance

@@ -259,6 +259,10 @@ class Router(ABC):
     speed-up: request counts are the same at every routing decision either way); one
     that does keeps every replica stopping at every event, so that what it reads is what
     it read before. Unknown routers are assumed to read it."""
+    reads_kv_only: bool = False
+    """Whether the only progress it reads is KV usage, which the cluster's view gives
+    exactly mid-run (as if the run had been stopped there): such a router lets replicas
+    fast-forward as a count-only one does, with the same results."""
 
     @abstractmethod
     def route(self, req: RouteRequest, view: ClusterView) -> Decision:
@@ -277,9 +281,11 @@ class PipelineRouter(Router):
         *,
         hold_reason: str = "no_candidate",
         reads_progress: bool = True,
+        reads_kv_only: bool = False,
     ) -> None:
         self.name = name
         self.reads_progress = reads_progress
+        self.reads_kv_only = reads_kv_only
         self.filters = [accepting, *filters]
         self.scorers = list(scorers)
         self.picker = picker
@@ -350,6 +356,7 @@ def _least_loaded(seed: int, kv_weight: float = 0.25) -> Router:
         [],
         [Scorer("outstanding", outstanding_score), Scorer("kv", kv_score, kv_weight)],
         lowest_pick(),
+        reads_kv_only=True,
     )
 
 
@@ -373,11 +380,14 @@ def _power_of_two(seed: int, kv_weight: float = 0.25) -> Router:
         lowest_pick(),
         # The KV tie-break reads progress; with kv_weight 0 it only counts requests.
         reads_progress=kv_weight > 0,
+        reads_kv_only=True,
     )
 
 
 def _least_kv(seed: int) -> Router:
-    return PipelineRouter("least-kv", [], [Scorer("kv", kv_score)], lowest_pick())
+    return PipelineRouter(
+        "least-kv", [], [Scorer("kv", kv_score)], lowest_pick(), reads_kv_only=True
+    )
 
 
 def _slo_aware(

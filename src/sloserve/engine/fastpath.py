@@ -27,6 +27,7 @@ from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
 from sloserve.costmodel.linear import LinearCostModel
 from sloserve.engine.interface import SchedulerOutput
+from sloserve.engine.kv import PagedKVManager
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance, _Pending
@@ -178,3 +179,24 @@ def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pe
             "batch", f"cost model {inst.cost_model.name!r} priced the batch at {first}s"
         )
     return inst._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)
+
+
+def kv_blocks_at(inst: Instance, now: float) -> int:
+    """KV blocks in use at ``now`` as if the fast-forwarded run in flight were cut there
+    (:meth:`Instance.interrupt`, without cutting it). A run grows the KV of all its
+    iterations when it starts, so a router reading KV usage mid-run would otherwise see
+    the run's end; this is what the replica would hold had every event stopped its runs,
+    so routers that read only request counts and KV usage need not stop them."""
+    kv = inst.kv
+    used = kv.num_used_blocks
+    pending = inst._pending
+    if pending is None or not pending.fast or not isinstance(kv, PagedKVManager):
+        return used
+    ends = pending.ends
+    cut = len(ends) - (bisect_left(ends, now) + 1)
+    if cut <= 0:
+        return used
+    for r, n in pending.batch:  # not retired yet: the counters are the run's start
+        decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+        used -= kv.shrink_blocks(r.req_id, cut if decode else cut * n)
+    return used

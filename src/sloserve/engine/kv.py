@@ -284,6 +284,11 @@ class PagedKVManager(KVCacheManager):
             del table[-extra:]
         self._tokens[req_id] = tokens
 
+    def shrink_blocks(self, req_id: int, n_tokens: int) -> int:
+        """The blocks :meth:`shrink` would give back for ``n_tokens``, changing nothing."""
+        tokens = self._tokens[req_id] - n_tokens
+        return max(0, len(self._tables[req_id]) - -(-tokens // self.block_size))
+
     def decode_blocks_needed(self, req_ids: Sequence[int]) -> int:
         # A request needs a new block exactly when its last block is full.
         bs = self.block_size
