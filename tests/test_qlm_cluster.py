@@ -196,7 +196,8 @@ def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path)
         Plan((1.5,), 6.0, {"W_B": 20.0}, (4.0,)).built()
 
 
-def test_the_same_router_serves_live_in_the_emulated_gateway() -> None:
+@pytest.mark.parametrize("router", ["qlm", "static-batch", "edf-swap", "edf"])
+def test_the_same_router_serves_live_in_the_emulated_gateway(router: str) -> None:
     import asyncio
     import time
 
@@ -204,8 +205,8 @@ def test_the_same_router_serves_live_in_the_emulated_gateway() -> None:
     from sloserve.serve.backend import GenerationRequest
     from sloserve.serve.emulated import EmulatedBackend, EmulatedConfig
 
-    backend = EmulatedBackend(EmulatedConfig(replicas=2, router="qlm", time_scale=50))
-    assert isinstance(backend.router, QLMRouter)
+    backend = EmulatedBackend(EmulatedConfig(replicas=2, router=router, time_scale=50))
+    assert backend.router.name == router and isinstance(backend.router, QLMRouter)
 
     async def serve() -> list[int]:
         await backend.start()
