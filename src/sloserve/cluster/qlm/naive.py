@@ -109,10 +109,7 @@ class NaiveSwapRouter(QLMRouter):
 
     def on_event(self, event: Event, view: ClusterView) -> list[Action]:
         if event.kind == "arrival" and event.req_id is not None and self.hooks is not None:
-            r = self.hooks.request(event.req_id)
-            if r is not None:
-                self._see(RouteRequest.of(r), view)
-            return []
+            return super().on_event(event, view)  # seen as QLM sees it; nothing to plan
         if event.kind == "finish" and event.req_id is not None:
             self._finished(event.req_id)
         return self._actions(view)
