@@ -76,7 +76,7 @@ def test_peek_control_and_cancel() -> None:
     ],
 )
 @pytest.mark.parametrize("kv_tokens", [None, 6000])  # 6,000: KV fills, preemptions
-def test_count_only_routers_give_the_same_requests_with_fewer_decisions(
+def test_fast_forwarding_routers_give_the_same_requests_with_fewer_decisions(
     policy: str, cluster: dict, kv_tokens: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cc = ClusterConfig.load(cluster)

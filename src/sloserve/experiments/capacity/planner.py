@@ -274,9 +274,13 @@ def fewest_gpus(
         for rate in sorted(rates):
             guesses: dict[Arm, int | None] = {}
             if window is not None:
-                lo = {arm: arm.layout.min_replicas for arm in arms}
                 first = [
-                    FewestSearch((arm, rate), lo[arm], max_replicas, _start(searches, arm, rate))
+                    FewestSearch(
+                        (arm, rate),
+                        arm.layout.min_replicas,
+                        max_replicas,
+                        _start(searches, arm, rate),
+                    )
                     for arm in arms
                 ]
                 rounds += run_searches(
