@@ -382,7 +382,7 @@ def _numeric_options() -> list[tuple[str, str, bool]]:
     import typer
 
     from sloserve.cli import app
-    from sloserve.cli._app import _FLAG_PATHS
+    from sloserve.cli._options import _FLAG_PATHS
 
     out: list[tuple[str, str, bool]] = []
 

@@ -56,7 +56,7 @@ def _models(tp: Any) -> list[Any]:
     return [m for a in get_args(tp) for m in _models(a)]
 
 
-# Metavars of the shared options (cli/_app.py); "" for on/off flags, which take no value.
+# Metavars of the shared options (cli/_options.py); "" for on/off flags, which take no value.
 METAVARS: dict[str, str] = {
     "workload": "NAME",
     "trace": "FILE",

@@ -28,7 +28,7 @@ def _hidden(decl: str, kind: Any) -> Any:
     return Annotated[base | None, bounded(kind, decl, help="", hidden=True)]
 
 
-# vLLM's flags, added to the shared options of simulate, compare and serve (cli/_app.py);
+# vLLM's flags, added to the shared options of simulate, compare and serve (cli/_options.py);
 # hidden: the help of the native flag each one sets names it, so `--help` still fits 80 columns
 VLLM_OPTIONS: dict[str, Any] = {
     "max_num_seqs": _hidden("--max-num-seqs", Count),

@@ -10,8 +10,9 @@ import typer
 from pydantic import Field
 from rich.table import Table
 
-from sloserve.cli._app import ExecutorOpt, console, reproduce_app
+from sloserve.cli._app import console, reproduce_app
 from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt, bounded
+from sloserve.cli._options import ExecutorOpt
 from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import MAX_SECONDS, Count
 from sloserve.core.errors import ConfigError

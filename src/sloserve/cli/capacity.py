@@ -12,8 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import ExecutorOpt, app, console, err_console
+from sloserve.cli._app import app, console, err_console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._options import ExecutorOpt
 from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import Count, Fraction, UnitInterval, Workers
 from sloserve.core.errors import ConfigError

@@ -22,17 +22,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import (
-    _WORKLOAD_FLAGS,
-    ConfigOpt,
-    ExecutorOpt,
-    _build_config,
-    _with_flags,
-    app,
-    console,
-    reproduce_app,
-)
+from sloserve.cli._app import _build_config, app, console, reproduce_app
 from sloserve.cli._bounded import bounded
+from sloserve.cli._options import _WORKLOAD_FLAGS, ConfigOpt, ExecutorOpt, _with_flags
 from sloserve.cli._progress import progress_bar, timed_bar
 from sloserve.core.bounds import Count, Index, Percent, Seconds, Seed, Tokens, Workers
 from sloserve.core.errors import ConfigError

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from sloserve.cli._app import (
+from sloserve.cli._app import _build_config, app, console
+from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cluster_config
+from sloserve.cli._options import (
     _INSTANCE_FLAGS,
     _WORKLOAD_FLAGS,
     ConfigOpt,
@@ -22,12 +24,8 @@ from sloserve.cli._app import (
     OutOpt,
     RateOpt,
     SeedOpt,
-    _build_config,
     _with_flags,
-    app,
-    console,
 )
-from sloserve.cli._cluster import ReplicasOpt, RouterOpt, TraceDecisionsOpt, _cluster_config
 from sloserve.cli._progress import Bar, progress_bar
 from sloserve.cli.execute import (
     DeviceOpt,

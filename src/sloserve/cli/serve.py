@@ -12,16 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
-from sloserve.cli._app import (
-    _INSTANCE_FLAGS,
-    ConfigOpt,
-    _build_config,
-    _with_flags,
-    app,
-    err_console,
-)
+from sloserve.cli._app import _build_config, app, err_console
 from sloserve.cli._bounded import bounded
 from sloserve.cli._cluster import _cluster_config
+from sloserve.cli._options import _INSTANCE_FLAGS, ConfigOpt, _with_flags
 from sloserve.cli.execute import DeviceOpt, DtypeOpt, ModelSpecOpt
 from sloserve.config import read_yaml
 from sloserve.core.bounds import Temperature

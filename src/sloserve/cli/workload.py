@@ -15,8 +15,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sloserve.cli._app import _WORKLOAD_FLAGS, ConfigOpt, _build_config, _with_flags, app, console
+from sloserve.cli._app import _build_config, app, console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._options import _WORKLOAD_FLAGS, ConfigOpt, _with_flags
 from sloserve.core.bounds import Seconds
 
 workload_app = typer.Typer(
