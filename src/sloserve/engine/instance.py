@@ -10,7 +10,9 @@ KV allocated when its iteration starts; its tokens are delivered when the iterat
 Beside this file: :mod:`~sloserve.engine.checks` validates each policy output first,
 :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch to the next event in one
 step (as stepping would; ``multi_step=False`` turns it off),
-:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes.
+:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes, and
+:mod:`~sloserve.engine.teardown` lets requests leave before they finish (abort, horizon,
+failure, a prefill replica's hand-off).
 
 Disaggregated prefill/decode (set by the cluster): with :attr:`Instance.hand_off` set a
 request leaves after its first token (unless it was its last), KV freed, to the callback;
@@ -23,17 +25,14 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
-from sloserve.engine import prefix_cache
+from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
 from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor, eos_finished
@@ -47,9 +46,8 @@ from sloserve.engine.interface import (
     SchedulerOutput,
 )
 from sloserve.engine.kv import KVCacheManager, PagedKVManager
-from sloserve.metrics.summary import token_times
 
-_arrival_key = operator.attrgetter("arrival", "req_id")
+_arrival_key = teardown.ARRIVAL_ORDER
 
 
 @dataclass
@@ -477,124 +475,20 @@ class Instance:
             self._hand_off(pending.batch, end)
 
     def _hand_off(self, batch: tuple[ScheduledRequest, ...], end: float) -> None:
-        """A prefill replica: every request of ``batch`` that has its first token now and
-        more to generate leaves (its KV freed here) for the :attr:`hand_off` callback.
-        One whose client abort waits for this iteration stays, to be aborted here."""
-        assert self.hand_off is not None
-        iter_end: np.ndarray | None = None
-        for r, _n in batch:
-            if r.status is not RequestStatus.RUNNING or not r.num_output_tokens:
-                continue
-            if any(a is r for a in self._abort_after):
-                continue
-            if iter_end is None:
-                iter_end = np.asarray(self.iter_end, dtype=np.float64)
-            self.kv.free(r.req_id)
-            self.kv.forget(r.req_id)
-            self.running.remove(r)
-            self.scheduler.on_finish(r, end)  # the policy forgets it: it left this replica
-            r.hand_off(end, token_times(r, iter_end).tolist())
-            self.num_handed_off += 1
-            self.hand_off(r)
+        teardown.hand_off(self, batch, end)
 
     # ------------------------------------------------------------------ teardown
     def abort(self, req: Request) -> bool:
-        """Abort one live request (its client went away) and free its KV cache.
-
-        A request in the iteration now in flight is aborted when that iteration ends: the
-        batch was priced and the GPU is busy with it either way, and retiring it half-way
-        would break the token accounting. Returns False when ``req`` had already ended (or
-        is not on this instance); True when it is aborted now or will be.
-        """
-        if req.status.is_terminal or req.instance_id != self.instance_id:
-            return False
-        pending = self._pending
-        if pending is not None and any(r is req for r, _n in pending.batch):
-            if all(r is not req for r in self._abort_after):
-                self._abort_after.append(req)
-            return True
-        now = self.env.now
-        if req.status is RequestStatus.PREEMPTED_SWAPPED:
-            self.kv.drop_swapped(req.req_id)
-            self.swapped.remove(req)
-        elif any(r is req for r in self.incoming):
-            self.incoming.remove(req)
-        else:
-            self.kv.free(req.req_id)
-            (self.running if req.status is RequestStatus.RUNNING else self.waiting).remove(req)
-        req.abort(now)
-        self._done(req)
-        return True
+        """Abort one live request (its client went away) and free its KV cache; False
+        when it had already ended or is not here (:func:`~sloserve.engine.teardown.abort`:
+        one in the iteration in flight is aborted when that iteration ends)."""
+        return teardown.abort(self, req)
 
     def abort_all(self) -> int:
         """Abort every live request (the run's horizon was reached); returns how many."""
-        now = self.env.now
-        pending = self._pending
-        self._pending = None
-        if pending is not None:
-            # Iterations of a fast-forwarded run that ended by now happened: deliver them,
-            # as stepping one iteration at a time would have. The one in flight is lost.
-            done = sum(1 for e in pending.ends if e <= now)
-            if done:
-                self._retire(pending, done)
-            self.busy_time -= pending.ends[-1] - now
-        live = [*self.waiting, *self.running, *self.swapped, *self.incoming]
-        for r in live:
-            if r.status is RequestStatus.PREEMPTED_SWAPPED:
-                self.kv.drop_swapped(r.req_id)
-            else:
-                self.kv.free(r.req_id)
-            r.abort(now)
-            self._done(r)
-        self.waiting.clear()
-        self.running.clear()
-        self.swapped.clear()
-        self.incoming.clear()
-        self._abort_after.clear()
-        self._busy = False
-        return len(live)
+        return teardown.abort_all(self)
 
     def evacuate(self) -> list[Request]:
-        """The replica failed: hand back every live request, WAITING again, from scratch.
-
-        Iterations of a fast-forwarded run that ended before now happened (their tokens
-        reached the client); the iteration in flight is lost, as one stepped singly would
-        be (a failure at the instant an iteration ends runs first: its event has the
-        higher priority). Every request's KV (GPU and CPU tier) is freed and its client
-        timeline kept (:meth:`Request.requeue_after_failure`). Requests whose abort was
-        waiting for the lost iteration are aborted now. The instance is left empty and
-        idle; its pending events become no-ops. Returns the requests, by arrival.
-        """
-        now = self.env.now
-        pending = self._pending
-        self._pending = None
-        if pending is not None:
-            done = sum(1 for e in pending.ends if e < now)
-            if done:
-                self._retire(pending, done)
-            self.busy_time -= pending.ends[-1] - now
-        aborts = {id(r) for r in self._abort_after}
-        self._abort_after.clear()
-        live = sorted(
-            [*self.waiting, *self.running, *self.swapped, *self.incoming], key=_arrival_key
-        )
-        self.waiting.clear()
-        self.running.clear()
-        self.swapped.clear()
-        self.incoming.clear()
-        self._busy = False
-        iter_end = np.asarray(self.iter_end, dtype=np.float64)
-        out: list[Request] = []
-        for r in live:
-            if r.status is RequestStatus.PREEMPTED_SWAPPED:
-                self.kv.drop_swapped(r.req_id)
-            else:
-                self.kv.free(r.req_id)
-            if id(r) in aborts:
-                r.abort(now)
-                self._done(r)
-                continue
-            self.kv.forget(r.req_id)
-            r.requeue_after_failure(now, token_times(r, iter_end).tolist())
-            out.append(r)
-        return out
+        """The replica failed: hand back every live request, WAITING again, from scratch,
+        by arrival (:func:`~sloserve.engine.teardown.evacuate`)."""
+        return teardown.evacuate(self)
