@@ -13,7 +13,7 @@ SLO inputs, by precedence (a field set in a higher source wins, field by field):
    inference-perf and the Kubernetes inference gateway) and ``x-slo-e2e-ms`` (QLM's
    end-to-end deadline, the header twin of ``slo.deadline_ms``);
 3. the defaults of the request's class from an SLO preset (``--slo-preset``, the presets of
-   :data:`sloserve.workloads.spec.SLO_PRESETS`; ``bros``, the default, gives ``rt`` a TTFT
+   :data:`sloserve.workloads.rules.SLO_PRESETS`; ``bros``, the default, gives ``rt`` a TTFT
    of 400 ms and a TPOT of 200 ms and ``be`` no target; both priority 0). A request
    without a class is ``rt``.
 

@@ -25,7 +25,7 @@ from sloserve.serve.schemas import (
     AnyRequest,
     ChatCompletionRequest,
 )
-from sloserve.workloads.spec import SLO_PRESETS
+from sloserve.workloads.rules import SLO_PRESETS
 
 _HEADER_NAMES_MAX = 16
 

@@ -9,7 +9,8 @@ from sloserve.workloads.arrivals import (
 )
 from sloserve.workloads.lengths import FixedLength, LengthDist, LognormalLength, UniformLength
 from sloserve.workloads.mixes import MIXES, get_mix, mix_names
-from sloserve.workloads.spec import ClassRule, QoERule, WorkloadSpec, build_requests
+from sloserve.workloads.rules import ClassRule, QoERule
+from sloserve.workloads.spec import WorkloadSpec, build_requests
 
 __all__ = [
     "MIXES",
