@@ -175,8 +175,13 @@ def test_emulated_backend_holds_in_the_cluster_queue_and_pulls() -> None:
                       router_params={"max_outstanding": 1})  # fmt: skip
         await be.start()
         tasks = [asyncio.ensure_future(collect(be, greq(max_tokens=30))) for _ in range(4)]
-        await asyncio.sleep(0.005)
-        assert be.queue_size == 2  # two run, two wait for room (pull)
+        # Two run, two wait for room (pull). Polled, not a fixed sleep: on a loaded machine
+        # the four submissions may take longer than any sleep we would pick (once flaky).
+        for _ in range(5000):
+            if be.cluster.submitted == 4:
+                break
+            await asyncio.sleep(0.001)
+        assert be.cluster.submitted == 4 and be.queue_size == 2
         outs = await asyncio.gather(*tasks)
         assert [len(o) for o in outs] == [30] * 4
         assert be.cluster.holds["max_outstanding"] >= 2
