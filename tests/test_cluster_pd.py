@@ -88,6 +88,8 @@ def test_the_default_link_is_the_gpus_measured_rate() -> None:
     assert default_kv_link_gb_per_s(gpu_spec("h100-80gb")) == 340.8
     h200 = gpu_spec("h200")
     assert default_kv_link_gb_per_s(h200) == h200.pcie_gb_per_s  # not measured: PCIe
+    pcie = gpu_spec("a100-80gb-pcie")  # an A100, but no NVLink: the measurement is not its link
+    assert default_kv_link_gb_per_s(pcie) == pcie.pcie_gb_per_s == 25.0
 
 
 @pytest.mark.skipif(not (SHARED / "vidur-profiling").exists(), reason="no shared profiling")

@@ -38,7 +38,7 @@ KV transfers between replicas (disaggregated prefill/decode)
     file is a byte-for-byte copy of the A100 one, so it is not used. Rows with
     ``devices_per_node == 1`` (two nodes) give 7.8 GB/s (A100) and 35.3 GB/s (H100): pass
     ``kv_link_gb_per_s`` for prefill and decode replicas on different nodes. A GPU without
-    a measurement uses its PCIe rate.
+    a measurement, or without NVLink (a PCIe card), uses its PCIe rate.
 """
 
 from __future__ import annotations
@@ -172,7 +172,11 @@ MEASURED_KV_LINK_GB_PER_S: dict[str, float] = {"A100": 224.0, "H100": 340.8, "A4
 
 def default_kv_link_gb_per_s(gpu: GPUSpec) -> float:
     """The KV link rate for replicas on ``gpu``: its family's measured NVLink rate
-    (``MEASURED_KV_LINK_GB_PER_S``, matched on the name's prefix), else its PCIe rate."""
+    (``MEASURED_KV_LINK_GB_PER_S``, matched on the name's prefix), else its PCIe rate.
+    A PCIe-only card of a measured family (``A100-80GB-PCIe``: no NVLink) moves KV over
+    PCIe: the family's measurement is NVLink's."""
+    if gpu.nvlink_gb_per_s is None:
+        return gpu.pcie_gb_per_s
     name = gpu.name.upper()
     for family, rate in MEASURED_KV_LINK_GB_PER_S.items():
         if name.startswith(family + "-") or name == family:
