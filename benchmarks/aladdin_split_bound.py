@@ -5,10 +5,13 @@ rate is bounded by throughput whatever the router does. With the §3 decode mode
 the worker's cost model, ``t_d(b) = k2·b·l̄ + c2·b + c3`` (``l̄`` the token-weighted mean
 context a decode step reads: ``Σ l_out·(l_in + l_out/2) / Σ l_out`` over the workload's
 history), the largest batch that still decodes within the ATGT SLO is
-``b* = max{b : t_d(b) ≤ T_dec}``; a worker then generates at most ``b*/T_dec`` tokens per
-second and ``r`` requests per second need about
+``b* = max{b : t_d(b) ≤ T_dec}``, and the KV cache holds about ``b_kv = M / l̄`` requests
+(``M`` the worker's KV tokens at the default 0.9 memory utilisation; ``l̄`` is also the
+mean KV a request in the system holds, long requests counted for longer). A worker at
+``b = min(b*, b_kv)`` generates ``b/t_d(b)`` tokens per second, and ``r`` requests per
+second need about
 
-    W_fluid = r · E[l_out] · T_dec / b*
+    W_fluid = r · E[l_out] · t_d(b) / b
 
 decode workers. It is a fluid estimate, not a strict bound (an SLO is on each request's
 average gap, and the target admits 1 % of misses), but no placement can pack decode work
@@ -36,6 +39,7 @@ import numpy as np
 
 from sloserve.cluster.aladdin import fit_profile
 from sloserve.cluster.aladdin.lengths import history
+from sloserve.costmodel.profile import load_profile
 from sloserve.experiments.aladdin.plan import SC_70B, SPLIT_ARMS, Plan
 from sloserve.experiments.aladdin.reproduce import fewest, prefill_workers
 
@@ -43,7 +47,7 @@ from sloserve.experiments.aladdin.reproduce import fewest, prefill_workers
 def fluid_workers(
     profile: str, atgt_s: float, rate: float, mix: str = "sharegpt"
 ) -> dict[str, float]:
-    """``b*``, the mean output and context, and ``W_fluid`` (module docstring)."""
+    """``b*``, ``b_kv``, the mean output and context, and ``W_fluid`` (module docstring)."""
     prompts, outs = history(mix)
     p, o = np.asarray(prompts, dtype=float), np.asarray(outs, dtype=float)
     ctx = float(np.sum(o * (p + o / 2)) / np.sum(o))
@@ -51,11 +55,15 @@ def fluid_workers(
     b_star = 0
     while m.decode_s(b_star + 1, (b_star + 1) * ctx) <= atgt_s:
         b_star += 1
+    kv_tokens = load_profile(profile).kv_capacity_tokens()
+    b = min(b_star, int(kv_tokens // ctx))
     return {
         "b_star": float(b_star),
+        "kv_tokens": float(kv_tokens),
+        "b_kv": kv_tokens / ctx,
         "mean_out": float(o.mean()),
         "step_context": ctx,
-        "w_fluid": rate * float(o.mean()) * atgt_s / b_star,
+        "w_fluid": rate * float(o.mean()) * m.decode_s(b, b * ctx) / b,
     }
 
 
