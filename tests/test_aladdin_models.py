@@ -43,6 +43,9 @@ def _synthetic(rng: np.random.Generator, noise: float = 0.0) -> PerfSamples:
     )
 
 
+_DECODE_KV = ("decode_batch", "decode_context", "decode_s", "kv_tokens", "kv_gib")
+
+
 def test_fits_recover_known_coefficients() -> None:
     m = fit_models(_synthetic(np.random.default_rng(1)))
     assert m.k1 == pytest.approx(2e-4) and m.c1 == pytest.approx(0.02)
@@ -51,6 +54,36 @@ def test_fits_recover_known_coefficients() -> None:
     assert max(m.max_error.values()) < 1e-9
     noisy = fit_models(_synthetic(np.random.default_rng(1), noise=0.02))
     assert 0.01 < noisy.max_error["decode"] < 0.2
+
+
+def test_prefill_fit_has_a_floor_below_the_knee() -> None:
+    """Eq. 2 with a floor: flat (a pass over the weights) below the knee, the line above."""
+    rng = np.random.default_rng(3)
+    s = _synthetic(rng)
+    pt = np.concatenate([[16.0, 32.0, 64.0, 96.0], s.prefill_tokens])
+    ps = np.maximum(2e-4 * pt + 0.02, 0.05)  # knee at 150 tokens
+    hockey = PerfSamples(np.ones_like(pt), pt, ps, *(getattr(s, f) for f in _DECODE_KV))
+    m = fit_models(hockey)
+    assert m.c0 == pytest.approx(0.05)
+    assert (m.k1, m.c1) == pytest.approx((2e-4, 0.02))
+    assert m.prefill_s(16) == pytest.approx(0.05) and m.prefill_s(1000) == pytest.approx(0.22)
+    assert m.max_error["prefill"] < 1e-9 and m.prefill_s(0) == 0.0
+
+
+def test_prefill_fit_of_a_profile_charges_short_prompts_what_the_cost_model_does() -> None:
+    """Llama-2-7B on the PCIe A100: a straight line went negative below about 60 tokens and
+    charged ShareGPT's median prompt 6.4 of 10.8 ms; the floored fit is within 10 % over
+    16..1000 prompt tokens (ShareGPT's 99th percentile is about 1,200)."""
+    from sloserve.costmodel.base import BatchStats
+    from sloserve.costmodel.profile import load_profile
+
+    prof = "llama-2-7b@a100-80gb-pcie"
+    m, cm = fit_profile(prof), load_profile(prof).cost_model()
+    for n in (16, 50, 149, 224, 400, 1000):
+        true = cm.batch_time(
+            BatchStats(num_prefill_tokens=n, num_prefill_seqs=1, prefill_attn_work=n * n)
+        )
+        assert m.prefill_s(n) == pytest.approx(true, rel=0.1), n
 
 
 def test_context_limit_is_eq4_and_rejects_slo_below_c3() -> None:

@@ -12,7 +12,11 @@ from sloserve.cluster.aladdin.gpu_count import fit_worker_law
 from sloserve.core.errors import ConfigError
 from sloserve.costmodel.profile import load_profile
 from sloserve.experiments.aladdin.plan import ARMS, SPLIT_ARMS, Plan, Scenario
-from sloserve.experiments.aladdin.reproduce import prefill_workers, reproduce
+from sloserve.experiments.aladdin.reproduce import (
+    pcie_kv_link_gb_per_s,
+    prefill_workers,
+    reproduce,
+)
 from sloserve.experiments.aladdin.whatif import (
     break_even_extra_s,
     lone_decode_s,
@@ -66,6 +70,14 @@ def test_split_phase_arms_count_decode_gpus(tmp_path: Path) -> None:
     split = rep.gpus[rep.gpus["arm"].str.endswith("-split")]
     assert list(split["rate"]) == [6.0, 6.0] and (split["attainment"] >= 0.99).all()
     assert set(rep.headline["ours"]["7b"]) == {"split vs jsq-split"}
+
+
+def test_split_kv_moves_over_pcie_on_the_pcie_testbed() -> None:
+    """The A100 testbed has no NVLink (§6.1): its KV hand-offs take the PCIe rate, not the
+    cluster's default (the A100 family's measured NVLink 224 GB/s)."""
+    pcie = Scenario("70b", "llama-2-70b", "a100-80gb-pcie", 2, 1600, 75)
+    assert pcie_kv_link_gb_per_s(pcie) == 25.0
+    assert pcie_kv_link_gb_per_s(Scenario("7b", "llama-2-7b", "a100-80gb", 1, 400, 15)) is None
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,11 @@ whose 4 A100s talk over PCIe only, and its text notes the default's lower ATGT a
 rates on its NVLink V100 machine alone (§6.3). For the whole-machine worker to decode a
 lone request no faster than Table 3's, each of its all-reduces has to cost
 ``(t_lone(machine) − t_lone(tp))/(2·layers + 1)`` more than the model's: the *break-even*
-extra latency (138 µs for the 70B: 4 GPUs across a dual-socket PCIe host plausibly pay it,
-but no PCIe all-reduce measurement is at hand to say).
+extra latency (138 µs for the 70B). No published all-reduce measurement of 4 A100 PCIe
+GPUs was found; the small-message NCCL all-reduces published for other PCIe-only machines
+take 20–42 µs (T4, V100, RTX 4090; sources on the Aladdin docs page), about the 30 µs our
+PCIe profile charges and 4–8 times below the break-even's 169 µs, so this stays a
+what-if.
 
 This module re-prices only the whole-machine worker (``RooflineParams.allreduce_latency_s``
 raised by each extra latency; everything else is the scenario's profile, rebuilt from the
