@@ -13,7 +13,6 @@ from sloserve.core.errors import ConfigError
 from sloserve.costmodel.profile import load_profile
 from sloserve.experiments.aladdin.plan import ARMS, SPLIT_ARMS, Plan, Scenario
 from sloserve.experiments.aladdin.reproduce import (
-    pcie_kv_link_gb_per_s,
     prefill_workers,
     reproduce,
 )
@@ -74,10 +73,13 @@ def test_split_phase_arms_count_decode_gpus(tmp_path: Path) -> None:
 
 def test_split_kv_moves_over_pcie_on_the_pcie_testbed() -> None:
     """The A100 testbed has no NVLink (§6.1): its KV hand-offs take the PCIe rate, not the
-    cluster's default (the A100 family's measured NVLink 224 GB/s)."""
+    A100 family's measured NVLink 224 GB/s (the cluster's default link for the card)."""
+    from sloserve.costmodel.catalog import gpu_spec
+    from sloserve.costmodel.transfer import default_kv_link_gb_per_s
+
     pcie = Scenario("70b", "llama-2-70b", "a100-80gb-pcie", 2, 1600, 75)
-    assert pcie_kv_link_gb_per_s(pcie) == 25.0
-    assert pcie_kv_link_gb_per_s(Scenario("7b", "llama-2-7b", "a100-80gb", 1, 400, 15)) is None
+    assert default_kv_link_gb_per_s(gpu_spec(pcie.gpu)) == 25.0
+    assert default_kv_link_gb_per_s(gpu_spec("a100-80gb")) == 224.0
 
 
 @pytest.mark.parametrize(

@@ -112,9 +112,9 @@ def run_stats(
             {"role": "prefill", "count": prefill_workers(sc, rate)},
             {"role": "decode", "count": workers},
         ]
+    # Split phases on the PCIe testbed (§6.1): the cluster's default KV link for a card
+    # without NVLink is its PCIe rate (costmodel/transfer.py), as the paper's machines had.
     cluster: dict[str, Any] = {"replicas": replicas, "router": arm.router, "router_params": params}
-    if arm.split and (link := pcie_kv_link_gb_per_s(sc)) is not None:
-        cluster["transfer"] = {"kv_link_gb_per_s": link}
     sim = validate(SimConfig, cfg, "aladdin plan")
     res = simulate_cluster(sim, ClusterConfig.load(cluster, "aladdin plan: cluster"))
     done = res.table[res.table["status"] == "finished"]["atgt_s"].dropna()
@@ -126,18 +126,6 @@ def run_stats(
         int(getattr(router, "placements", 0)),
         float(getattr(router, "placement_cpu_s", 0.0)),
     )
-
-
-def pcie_kv_link_gb_per_s(sc: Scenario) -> float | None:
-    """Split phases: the per-GPU rate a prompt's KV moves from a prefill to a decode worker
-    when the scenario's GPU has no NVLink, else None (the cluster's default). That default
-    is the GPU family's measured NVLink rate (A100: 224 GB/s), but the paper's A100 testbed
-    joins its GPUs with PCIe only (§6.1), so the ``a100-80gb-pcie`` moves it at its
-    effective PCIe rate (25 GB/s)."""
-    from sloserve.costmodel import catalog
-
-    g = catalog.gpu_spec(sc.gpu)
-    return g.pcie_gb_per_s if g.nvlink_gb_per_s is None else None
 
 
 def prefill_workers(sc: Scenario, rate: float) -> int:
