@@ -24,6 +24,9 @@ class QLMHooks:
     swap_s: Callable[[int, str], float]
     set_warm: Callable[[int, set[str]], None] = lambda rid, models: None
     """Which models replica ``rid`` keeps in CPU memory (loads of them are warm)."""
+    weight_bytes: Callable[[str], float | None] | None = None
+    """A model's checkpoint bytes as the cluster's registry knows them (``None``: the
+    router reads the spec catalog)."""
 
 
 @dataclass

@@ -19,9 +19,11 @@ simulated time (a choice: bursts of new groups would otherwise re-plan per arriv
 **Load balancing** is the assignment itself; a dispatched request never migrates.
 **Model changes**: when the head group of a replica's virtual queue is of another model,
 the replica changes model (:class:`ChangeModel`: it finishes what it holds, then loads).
-**Model warm start** (§5): the models of the next groups in its queue, up to
-``cpu_models`` (default 2), are kept in the replica's CPU memory, so a change to one of
-them loads warm (host-to-GPU); any other loads cold from disk (``cluster/models.py``).
+**Model warm start** (§5): the models of the next groups in its queue that fit the
+replica's CPU memory (``cpu_mem_gib``, bytes of weights) are read there from disk
+(``disk_gb_per_s``, one after another) and, once read, a change to one of them loads warm
+(host-to-GPU); any other loads cold from disk (``cluster/models.py``). Model changes and
+warm start live in ``changes.py`` and ``warm.py``.
 **Eviction and GPU↔CPU swap** happen on the replica, in its ``qlm`` policy
 (``policies/qlm/agent.py``).
 
@@ -46,10 +48,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sloserve.cluster.controller import Action, ChangeModel, Event, ReorderQueue
+from sloserve.cluster.controller import Action, Event, ReorderQueue
+from sloserve.cluster.qlm.changes import swap_for_head, warm_start
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupTable, RequestGroup
 from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
 from sloserve.cluster.qlm.plan import (
@@ -65,9 +68,11 @@ from sloserve.cluster.qlm.rct import (
     RCTEstimator,
     z_of,
 )
+from sloserve.cluster.qlm.warm import DEFAULT_CPU_MEM_GIB, CPUMemory, make_cpu_memory
 from sloserve.cluster.routing import Decision, Hold, Router
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError
+from sloserve.costmodel.transfer import DEFAULT_DISK_GB_PER_S
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
 
@@ -93,10 +98,14 @@ class QLMRouter(Router):
         lsos: frozenset[str],
         tick_s: float,
         replan_interval_s: float,
-        cpu_models: int = 2,
+        cpu_memory: Callable[[], CPUMemory] | None = None,
     ) -> None:
         self.name = mode
-        self.cpu_models = cpu_models
+        self._new_cpu_memory = cpu_memory or make_cpu_memory(
+            DEFAULT_CPU_MEM_GIB, DEFAULT_DISK_GB_PER_S, None
+        )
+        self.cpu_mem: dict[int, CPUMemory] = {}
+        """Per replica: the model weights in its CPU memory (the warm-start LSO)."""
         self.mode = mode
         self.tick_s: float | None = tick_s
         self.table = GroupTable(grouping)
@@ -398,101 +407,11 @@ class QLMRouter(Router):
     def _actions(self, view: ClusterView) -> list[Action]:
         out: list[Action] = []
         if self.mode == "qlm":
-            out += self._warm_start(view)
+            out += warm_start(self, view)
         elif self.mode != "qlm":
-            out += self._swap_for_head(view)
+            out += swap_for_head(self, view)
         out += self._reorders(view)
         return out
-
-    def _swap_for_head(self, view: ClusterView) -> list[Action]:
-        """Baselines' model changes (no grouping): an idle replica changes to the model of
-        the head of the global queue (their order); the first held request whose model no
-        replica serves or loads makes the least-loaded UP replica change."""
-        for rid, model in list(self._changing.items()):
-            v = view.replica(rid)
-            if v.model == model and v.status is ReplicaStatus.UP:
-                del self._changing[rid]
-        key = self._deadline if self.mode == "edf" else (lambda r: r.arrival)
-        held = [r for r in self._held.values() if r.model != "default"]
-        if not held:
-            return []
-        up = [
-            v
-            for v in view.replicas()
-            if v.status is ReplicaStatus.UP and v.replica_id not in self._changing
-        ]
-        out: list[Action] = []
-        # An idle replica serves the head of the global queue, changing model when the
-        # head is of another model: the per-instance pull of the paper's baselines, which
-        # swaps whenever the order says so (Insight #3's thrash).
-        head = min(held, key=lambda r: (key(r), r.arrival))
-        for v in up:
-            if v.outstanding == 0 and v.model != head.model:
-                out.append(self._change(v.replica_id, head.model))
-                break
-        covered = {v.model for v in self._live(view)} | set(self._changing.values())
-        waiting = [r for r in held if r.model not in covered]
-        up = [v for v in up if v.replica_id not in self._changing]
-        if waiting and up:  # a model no replica serves: the least-loaded replica changes
-            first = min(waiting, key=lambda r: (key(r), r.arrival))
-            v = min(up, key=lambda v: (v.outstanding, v.replica_id))
-            out.append(self._change(v.replica_id, first.model))
-        return out
-
-    def _change(self, rid: int, model: str) -> ChangeModel:
-        self._changing[rid] = model
-        self.stats.model_changes += 1
-        return ChangeModel(rid, model)
-
-    def _warm_start(self, view: ClusterView) -> list[Action]:
-        """Model changes for heads of another model, and (the warm-start LSO) the models
-        kept in CPU memory: the next ``cpu_models`` models of the queue (§5)."""
-        out: list[Action] = []
-        for rid, gids in self.vq.items():
-            v = view.replica(rid)
-            if self.hooks is not None:
-                warm: list[str] = []
-                if "warm-start" in self.lsos:
-                    for gid in gids:
-                        g = self.table.groups.get(gid)
-                        if g is not None and g.model not in warm and len(warm) < self.cpu_models:
-                            warm.append(g.model)
-                self.hooks.set_warm(rid, set(warm))
-            pending = self._changing.get(rid)
-            if pending is not None and v.model == pending and v.status is ReplicaStatus.UP:
-                del self._changing[rid]
-                pending = None
-            head = next((self.table.groups[g] for g in gids if g in self.table.groups), None)
-            if head is None or head.model in ("default", v.model) or pending == head.model:
-                continue
-            if v.status is not ReplicaStatus.UP or self._keep_model(v, gids, head, view.now):
-                continue
-            self._changing[rid] = head.model
-            self.stats.model_changes += 1
-            out.append(ChangeModel(rid, head.model))
-        return out
-
-    def _keep_model(self, v: ReplicaView, gids: list[int], head: RequestGroup, now: float) -> bool:
-        """Insight #3 before a model change: the groups of the replica's current model in
-        its queue move to the front when the head group still meets its deadline (level
-        α) after them and the change; then the replica keeps its model for now."""
-        rid = v.replica_id
-        same = [
-            g for g in gids if (h := self.table.groups.get(g)) is not None and h.model == v.model
-        ]
-        if not same:
-            return False
-        hw = self._hw(rid)
-        m, var = self._ready(v)
-        for gid in same:
-            w, wv = self.rct.work(self.table.groups[gid], hw)
-            m, var = m + w, var + wv
-        cm, cv = self.rct.completion(head, hw)
-        m += self._swap(rid, head.model) + cm
-        if now + self.rct.quantile(m, var + cv) > head.deadline:
-            return False
-        self.vq[rid] = same + [g for g in gids if g not in set(same)]
-        return True
 
     def _reorders(self, view: ClusterView) -> list[Action]:
         """Front of each model's global queue: what the replicas with room pull next."""
@@ -562,7 +481,9 @@ def make_qlm_router(
     lsos: str | Iterable[str] = "pull,balance,warm-start",
     tick_s: float = 1.0,
     replan_interval_s: float = 1.0,
-    cpu_models: int = 2,
+    cpu_models: int | None = None,
+    cpu_mem_gib: float = DEFAULT_CPU_MEM_GIB,
+    disk_gb_per_s: float = DEFAULT_DISK_GB_PER_S,
 ) -> QLMRouter:
     """The router (module docstring); every bad parameter is a one-line ConfigError."""
     try:
@@ -575,8 +496,9 @@ def make_qlm_router(
             if not 0 < tick_s <= 3600
             else f"router_params.replan_interval_s: must be in [0, 3600], got {replan_interval_s}"
         )
-    if not isinstance(cpu_models, int) or cpu_models < 0:
+    if cpu_models is not None and (not isinstance(cpu_models, int) or cpu_models < 0):
         raise ConfigError(f"router_params.cpu_models: must be an integer >= 0, got {cpu_models}")
+    memory = make_cpu_memory(cpu_mem_gib, disk_gb_per_s, cpu_models)
     try:
         grouping = GroupingConfig(group_size_factor, avg_batch_size)
         planner = PlannerConfig(time_limit_s, max_milp_vars, node_limit)
@@ -592,5 +514,5 @@ def make_qlm_router(
         lsos=_lsos(lsos),
         tick_s=tick_s,
         replan_interval_s=replan_interval_s,
-        cpu_models=cpu_models,
+        cpu_memory=memory,
     )
