@@ -295,3 +295,26 @@ def _milp(
             groups[g].gid for p in range(n_p) for g in range(n_g) if x[xi(g, i, p)] > 0.5
         ]
     return order, "optimal" if res.status == 0 else "time-limit-feasible"
+
+
+def keeps_incumbent(
+    plan: Plan,
+    groups: Sequence[PlanGroup],
+    queues: Sequence[PlanQueue],
+    current: dict[int, list[int]],
+) -> bool:
+    """Whether the virtual queues in force (``current``) are at least as good as ``plan``
+    under the same estimates: fewer predicted deadline misses, or as few and no larger
+    total completion (Eq. 13). The queues in force are a solution of the same program
+    (a solver warm-started from them returns nothing worse), so a new plan replaces them
+    only when it is better; any group not placed in them: the plan wins."""
+    placed = [gid for q in queues for gid in current.get(q.rid, [])]
+    if sorted(placed) != sorted(g.gid for g in groups):
+        return False
+    inc = simulate_plan(groups, queues, {q.rid: current.get(q.rid, []) for q in queues})
+
+    def score(comp: dict[int, float]) -> tuple[int, float]:
+        late = sum(comp[g.gid] > g.deadline + 1e-9 for g in groups)
+        return late, sum(comp.values())
+
+    return score(inc) <= score(plan.completion)

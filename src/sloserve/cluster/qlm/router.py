@@ -61,6 +61,7 @@ from sloserve.cluster.qlm.plan import (
     PlannerConfig,
     PlanQueue,
     generate_plan,
+    keeps_incumbent,
 )
 from sloserve.cluster.qlm.rct import (
     HardwareProfile,
@@ -76,7 +77,7 @@ from sloserve.costmodel.transfer import DEFAULT_DISK_GB_PER_S
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
 
-NOMINAL_PROFILE = HardwareProfile(8.3e-5, 0.0168, 1470.0, 1.09)
+NOMINAL_PROFILE = HardwareProfile(6.5e-5, 0.0480, 2276.0, 1.20)
 """RCT constants without a simulation to profile (the live gateway): the profiling batch's
 numbers for Llama-2-7B on an A100 (``llama-2-7b-a100``)."""
 
@@ -152,7 +153,7 @@ class QLMRouter(Router):
         ]
 
     def _ready(self, v: ReplicaView) -> tuple[float, float]:
-        return self.rct.in_flight(v.outstanding, None, self._hw(v.replica_id))
+        return self.rct.in_flight(v.outstanding, v.capacity, None, self._hw(v.replica_id))
 
     def _deadline(self, r: RouteRequest) -> float:
         d = r.slo.deadline_s
@@ -172,6 +173,9 @@ class QLMRouter(Router):
             return
         g = self.table.add(rr)
         if g.group_id in self._assign:
+            # §4: a request joining a group re-runs the RCT estimate of its queue
+            if self._violation_ahead(view, self._assign[g.group_id]):
+                self._replan(view)
             return
         live = self._live(view)
         if not live:
@@ -187,7 +191,7 @@ class QLMRouter(Router):
         self._predict(rr, mean)
         # Insight #1's waiting time: the mean completion less the group's own part
         self.stats.wait_pred[rr.req_id] = mean - self.rct.completion(g, self._hw(rid))[0]
-        if quant > g.deadline or self._dirty:
+        if quant > g.deadline or self._dirty or self._violation_ahead(view, rid):
             self._replan(view)
 
     def _place(self, g: RequestGroup, rid: int, model: str | None = None) -> None:
@@ -207,6 +211,30 @@ class QLMRouter(Router):
             if model == g.model:
                 at = 0
         q.insert(at, g.group_id)
+
+    def _violation_ahead(self, view: ClusterView, rid: int) -> bool:
+        """The re-planning trigger (§4, §7: "invoked by the RCT estimator when an SLO
+        violation is likely"): a group of replica ``rid``'s virtual queue whose α-quantile
+        completion at its place misses its deadline, where at the head of the queue it
+        would meet it (a group that misses even there cannot be saved by a new plan)."""
+        v = view.replica(rid)
+        m, var = self._ready(v)
+        hw, model = self._hw(rid), v.model
+        for gid in self.vq.get(rid, []):
+            g = self.table.groups.get(gid)
+            if g is None:
+                continue
+            swap = self._swap(rid, g.model) if g.model != model else 0.0
+            m, model = m + swap, g.model
+            cm, cv = self.rct.completion(g, hw)
+            if view.now + self.rct.quantile(m + cm, var + cv) > g.deadline:
+                r0, v0 = self._ready(v)
+                head = swap + r0 + cm if g.model != v.model else r0 + cm
+                if view.now + self.rct.quantile(head, v0 + cv) <= g.deadline:
+                    return True
+            w, wv = self.rct.work(g, hw)
+            m, var = m + w, var + wv
+        return False
 
     def _tail(self, v: ReplicaView, now: float) -> tuple[float, float, str]:
         """(mean, var) seconds until replica ``v``'s virtual queue is done, its last model."""
@@ -251,7 +279,8 @@ class QLMRouter(Router):
         meet its deadline."""
         best = (math.inf, math.inf, cand[0].replica_id)
         best_same = best
-        for v in cand:
+        # ties (free slots on several replicas: no wait anywhere) go to the least loaded
+        for v in sorted(cand, key=lambda v: (v.outstanding, v.replica_id)):
             m, var, model = self._tail(v, now)
             # a replica changing model serves the new one (its old one is draining)
             now_model = self._changing.get(v.replica_id, v.model)
@@ -312,6 +341,9 @@ class QLMRouter(Router):
             pgs.append(PlanGroup(g.group_id, g.model, g.deadline - now, tuple(work), tuple(comp)))
         plan = generate_plan(pgs, queues, self.planner)
         self._record(plan)
+        if keeps_incumbent(plan, pgs, queues, self.vq):
+            self.stats.kept_incumbent += 1
+            return
         self.vq = {rid: list(gids) for rid, gids in plan.queues.items()}
         self._assign = {gid: rid for rid, gids in self.vq.items() for gid in gids}
 
