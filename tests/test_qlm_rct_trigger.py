@@ -96,3 +96,30 @@ def test_a_plan_replaces_the_queues_in_force_only_when_better() -> None:
 
 def test_grouping_config_is_untouched() -> None:
     assert GroupTable(GroupingConfig()).cfg.group_size_factor == 4.0
+
+
+def test_per_model_swap_times_price_the_greedy_plan() -> None:
+    q = PlanQueue(0, "a", 0.0, 100.0, (("b", 1.0),))
+    assert (q.swap("b"), q.swap("c")) == (1.0, 100.0)
+    groups = [PlanGroup(0, "b", 50.0, (1.0, 1.0), (2.0, 2.0))]
+    # queue 1 serves "c": a change to "b" costs 100 s there (the constant), 1 s on queue 0
+    queues = [PlanQueue(0, "a", 5.0, 100.0, (("b", 1.0),)), PlanQueue(1, "c", 0.0, 100.0)]
+    plan = generate_plan(groups, queues, PlannerConfig(max_milp_vars=0))
+    assert plan.method == "heuristic" and plan.queues == {0: [0], 1: []}
+
+
+def _router_with_head(deadline: float, outstanding: int) -> tuple[object, list[object]]:
+    from sloserve.cluster.qlm.changes import warm_start
+
+    router = make_qlm_router("qlm", output_mean=50.0, output_std=0.0, prior_weight=1.0)
+    view = cast(ClusterView, _View([_Rep(0, outstanding=outstanding, model="m")]))
+    rr = RouteRequest(1, "x", 100, 0.0, SLO(deadline_s=deadline))
+    router._see(rr, view)
+    router.vq = {0: [router.table.group_of(1).group_id]}  # type: ignore[union-attr]
+    return router, warm_start(router, view)
+
+
+def test_a_busy_replica_defers_a_model_change_the_head_deadline_allows() -> None:
+    assert _router_with_head(300.0, outstanding=3)[1] == []  # slack: keep serving "m"
+    assert len(_router_with_head(300.0, outstanding=0)[1]) == 1  # idle: change now
+    assert len(_router_with_head(0.5, outstanding=3)[1]) == 1  # late even now: no wait

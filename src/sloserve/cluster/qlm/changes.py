@@ -3,8 +3,9 @@ its model, and which models it keeps warm in CPU memory.
 
 - **QLM** (:func:`warm_start`): a replica whose virtual queue's head group
   is of another model changes to it (:class:`ChangeModel`: it finishes what it holds,
-  then loads), unless Insight #3's check keeps its model for now
-  (:func:`keep_model`); the warm-start LSO keeps the next models of its
+  then loads), unless Insight #3's checks keep its model for now (:func:`keep_model`:
+  its own groups first when that scores no worse; :func:`can_wait`: a busy replica
+  defers while the head's deadline allows); the warm-start LSO keeps the next models of its
   queue in CPU memory, in bytes, each warm only once read from disk (``warm.py``).
 - **The pull baselines** ``edf``/``fcfs`` (:func:`swap_for_head`): an idle
   replica changes to the model of the head of the global queue.
@@ -102,30 +103,64 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
             continue
         if v.status is not ReplicaStatus.UP or keep_model(qr, v, gids, head, view.now):
             continue
+        if v.outstanding > 0 and can_wait(qr, v, head, view.now):
+            continue
+        qr._loaded_at[rid] = view.now + qr._swap(rid, head.model)
         qr._changing[rid] = head.model
         qr.stats.model_changes += 1
         out.append(ChangeModel(rid, head.model))
     return out
 
 
+def can_wait(qr: QLMRouter, v: ReplicaView, head: RequestGroup, now: float) -> bool:
+    """Insight #3, no swap that a deadline does not need: a busy replica defers a change
+    while the head group would still meet its deadline (level α) with the change begun a
+    tick later; the requests of its current model that arrive meanwhile are served
+    without a drain and a load. A head group late even now does not wait (deferring
+    cannot save it, and it must not starve)."""
+    hw = qr._hw(v.replica_id)
+    m, var = qr._ready(v, now)
+    cm, cv = qr.rct.completion(head, hw)
+    done = now + qr.rct.quantile(m + qr._swap(v.replica_id, head.model) + cm, var + cv)
+    return done + (qr.tick_s or 1.0) <= head.deadline
+
+
 def keep_model(
     qr: QLMRouter, v: ReplicaView, gids: list[int], head: RequestGroup, now: float
 ) -> bool:
     """Insight #3 before a model change: the groups of the replica's current model in
-    its queue move to the front when the head group still meets its deadline (level
-    α) after them and the change; then the replica keeps its model for now."""
-    rid = v.replica_id
+    its queue move to the front when that order scores no worse (Eq. 13: fewer predicted
+    deadline misses at level α, then the smaller total completion) than changing model
+    for the head group now; then the replica keeps its model for now. A head group that
+    misses its deadline either way (a cold load longer than its deadline) no longer makes
+    a busy replica drop the model its other groups need."""
     same = [g for g in gids if (h := qr.table.groups.get(g)) is not None and h.model == v.model]
     if not same:
         return False
-    hw = qr._hw(rid)
-    m, var = qr._ready(v)
-    for gid in same:
-        w, wv = qr.rct.work(qr.table.groups[gid], hw)
-        m, var = m + w, var + wv
-    cm, cv = qr.rct.completion(head, hw)
-    m += qr._swap(rid, head.model) + cm
-    if now + qr.rct.quantile(m, var + cv) > head.deadline:
+    kept = same + [g for g in gids if g not in set(same)]
+    if queue_score(qr, v, kept, now) > queue_score(qr, v, gids, now):
         return False
-    qr.vq[rid] = same + [g for g in gids if g not in set(same)]
+    qr.vq[v.replica_id] = kept
     return True
+
+
+def queue_score(qr: QLMRouter, v: ReplicaView, gids: list[int], now: float) -> tuple[int, float]:
+    """(predicted deadline misses, total α-quantile completion) of replica ``v``'s
+    groups run in the order ``gids`` (Eq. 10–13 on one queue)."""
+    rid = v.replica_id
+    hw = qr._hw(rid)
+    m, var = qr._ready(v, now)
+    model, late, total = qr._changing.get(rid, v.model), 0, 0.0
+    for gid in gids:
+        g = qr.table.groups.get(gid)
+        if g is None:
+            continue
+        if g.model != model:
+            m, model = m + qr._swap(rid, g.model), g.model
+        cm, cv = qr.rct.completion(g, hw)
+        done = now + qr.rct.quantile(m + cm, var + cv)
+        late += done > g.deadline
+        total += done
+        w, wv = qr.rct.work(g, hw)
+        m, var = m + w, var + wv
+    return late, total

@@ -63,6 +63,18 @@ class PlanQueue:
     ready: float
     """α-quantile seconds until the work already on the replica is done."""
     swap_s: float
+    swap_by_model: tuple[tuple[str, float], ...] = ()
+    """Per-model change times where they differ from ``swap_s``: the greedy plan and the
+    plan evaluation use them (a Llama-70B load is ten times a 7B one; one constant, the
+    slowest, made every change look like the 70B's); the MILP keeps the paper's constant
+    ``swap_s`` (Eq. 10)."""
+
+    def swap(self, model: str) -> float:
+        """Seconds to change this queue's replica to ``model``."""
+        for m, t in self.swap_by_model:
+            if m == model:
+                return t
+        return self.swap_s
 
 
 @dataclass
@@ -110,7 +122,7 @@ def simulate_plan(
         for gid in order.get(q.rid, []):
             g = by_id[gid]
             if g.model != model:
-                t += q.swap_s
+                t += q.swap(g.model)
                 model = g.model
             out[gid] = t + g.completion[qi]
             t += g.work[qi]
@@ -155,12 +167,12 @@ def greedy_plan(groups: Sequence[PlanGroup], queues: Sequence[PlanQueue]) -> dic
     for g in _by_deadline(groups):
         best, best_c = 0, math.inf
         for i, q in enumerate(queues):
-            c = t[i] + (q.swap_s if model[i] != g.model else 0.0) + g.completion[i]
+            c = t[i] + (q.swap(g.model) if model[i] != g.model else 0.0) + g.completion[i]
             if c < best_c - 1e-12:
                 best, best_c = i, c
         q = queues[best]
         if model[best] != g.model:
-            t[best] += q.swap_s
+            t[best] += q.swap(g.model)
             model[best] = g.model
         t[best] += g.work[best]
         order[q.rid].append(g.gid)

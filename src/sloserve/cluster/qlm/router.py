@@ -122,6 +122,8 @@ class QLMRouter(Router):
         self._held: dict[int | str, RouteRequest] = {}
         self._dispatched: dict[int | str, tuple[int, Any]] = {}
         self._changing: dict[int, str] = {}
+        self._loaded_at: dict[int, float] = {}
+        """When each model change issued is expected to end (its drain and load priced)."""
         self._last_plan = -math.inf
         self._dirty = False
         self._turn: dict[str, int] = {}
@@ -152,8 +154,12 @@ class QLMRouter(Router):
             if v.status in (ReplicaStatus.UP, ReplicaStatus.LOADING, ReplicaStatus.DRAINING)
         ]
 
-    def _ready(self, v: ReplicaView) -> tuple[float, float]:
-        return self.rct.in_flight(v.outstanding, v.capacity, None, self._hw(v.replica_id))
+    def _ready(self, v: ReplicaView, now: float) -> tuple[float, float]:
+        m, var = self.rct.in_flight(v.outstanding, v.capacity, None, self._hw(v.replica_id))
+        # a replica changing model serves nothing until its load ends (as priced at the change)
+        if v.status is not ReplicaStatus.UP or v.replica_id in self._changing:
+            m += max(0.0, self._loaded_at.get(v.replica_id, now) - now)
+        return m, var
 
     def _deadline(self, r: RouteRequest) -> float:
         d = r.slo.deadline_s
@@ -218,8 +224,8 @@ class QLMRouter(Router):
         completion at its place misses its deadline, where at the head of the queue it
         would meet it (a group that misses even there cannot be saved by a new plan)."""
         v = view.replica(rid)
-        m, var = self._ready(v)
-        hw, model = self._hw(rid), v.model
+        m, var = self._ready(v, view.now)
+        hw, model = self._hw(rid), self._changing.get(rid, v.model)
         for gid in self.vq.get(rid, []):
             g = self.table.groups.get(gid)
             if g is None:
@@ -228,8 +234,9 @@ class QLMRouter(Router):
             m, model = m + swap, g.model
             cm, cv = self.rct.completion(g, hw)
             if view.now + self.rct.quantile(m + cm, var + cv) > g.deadline:
-                r0, v0 = self._ready(v)
-                head = swap + r0 + cm if g.model != v.model else r0 + cm
+                r0, v0 = self._ready(v, view.now)
+                now_model = self._changing.get(rid, v.model)
+                head = swap + r0 + cm if g.model != now_model else r0 + cm
                 if view.now + self.rct.quantile(head, v0 + cv) <= g.deadline:
                     return True
             w, wv = self.rct.work(g, hw)
@@ -238,8 +245,9 @@ class QLMRouter(Router):
 
     def _tail(self, v: ReplicaView, now: float) -> tuple[float, float, str]:
         """(mean, var) seconds until replica ``v``'s virtual queue is done, its last model."""
-        m, var = self._ready(v)
-        hw, model = self._hw(v.replica_id), v.model
+        m, var = self._ready(v, now)
+        # a replica changing model is priced with its new one (its load is in _ready)
+        hw, model = self._hw(v.replica_id), self._changing.get(v.replica_id, v.model)
         for gid in self.vq.get(v.replica_id, []):
             g = self.table.groups.get(gid)
             if g is None:
@@ -326,9 +334,19 @@ class QLMRouter(Router):
         queues, hws = [], []
         for v in live:
             hw = self._hw(v.replica_id)
-            m, var = self._ready(v)
-            swap = max((self._swap(v.replica_id, g.model) for g in self.table), default=0.0)
-            queues.append(PlanQueue(v.replica_id, v.model, m + z * math.sqrt(var), swap))
+            m, var = self._ready(v, now)
+            swaps = {g.model: self._swap(v.replica_id, g.model) for g in self.table}
+            ready = m + z * math.sqrt(var)
+            swap = max(swaps.values(), default=0.0)
+            queues.append(
+                PlanQueue(
+                    v.replica_id,
+                    self._changing.get(v.replica_id, v.model),  # a change under way counts
+                    ready,
+                    swap,
+                    tuple(sorted(swaps.items())),
+                )
+            )
             hws.append(hw)
         pgs = []
         for g in self.table:

@@ -47,6 +47,18 @@ A10_ROOFLINE = "roofline:llama-2-7b@a10"
 """The ``a10`` sweep's profiles: both from the roofline (the catalog's A10 data sheet:
 24 GB, 600 GB/s, 125 dense fp16 TFLOPS; no measured A10 profile exists), so the A10:A100
 gap is the data sheets' and not a roofline-vs-measurement artefact."""
+W_A_LARGE = "W_A_large"
+"""W_A with the paper's models (§8: Mistral-7B, Vicuna-13B, Llama-70B; Vicuna-13B is a
+Llama-2-13B fine-tune, so its spec): two replicas of two A100-80GB each (tensor parallel 2,
+the least that holds Llama-2-70B's 138 GB), starting with Mistral-7B and Llama-2-13B;
+Llama-2-70B is the tail model. All three priced by the roofline (no measured TP-2
+profiles), so they compare among themselves. Cold loads: 7.5, 13.5 and 71.7 s; warm
+(from CPU memory): 0.29, 0.52 and 2.76 s; reading Llama-2-70B into CPU memory: 69 s."""
+W_A_LARGE_RATE = 7.0
+"""W_A_large's arrival rate (req/s): the offered load of W_A at 14 req/s. Per request, the
+profiled output throughput Θ gives the replica-seconds it costs; W_A's mix costs 0.082
+replica-s per 250 output tokens (≈ 24 req/s on two replicas: 14 req/s is 58 %), this
+one's 0.173 (≈ 11.6 req/s: 58 % is 6.7, rounded to 7)."""
 QUEUED_RATE = 80.0
 """W_B's queued point (req/s): twice the main grid's 40, where a global queue builds."""
 A10_RATE = 50.0
@@ -114,6 +126,20 @@ class Run:
                     {"count": 1, "profile": "phi-2-a100"},
                 ],
                 "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
+            }
+        if self.workload == W_A_LARGE:
+            rest = 1.0 - self.tail_share
+            wl["models"] = {
+                "mistral-7b": rest * 4 / 7,
+                "llama-2-13b": rest * 3 / 7,
+                "llama-2-70b": self.tail_share,
+            }
+            cluster = {
+                "replicas": [
+                    {"count": 1, "profile": "roofline:mistral-7b@a100-80gbx2"},
+                    {"count": 1, "profile": "roofline:llama-2-13b@a100-80gbx2"},
+                ],
+                "models": {"llama-2-70b": {"profile": "roofline:llama-2-70b@a100-80gbx2"}},
             }
         if self.sweep == "a10":
             n_a10 = round(A10_REPLICAS * self.a10_share)
