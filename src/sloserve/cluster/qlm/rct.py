@@ -52,6 +52,9 @@ class HardwareProfile:
     decode_s_per_token: float
     throughput_tokens_per_s: float
     inefficiency: float = 1.0
+    batch: int = 0
+    """The profiled (real) batch: requests the replica runs at once; 0 = unknown (the
+    replica's R_max counts as its slots)."""
 
 
 def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) -> HardwareProfile:
@@ -80,7 +83,7 @@ def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) ->
     ) / len(done)
     eff = max(1.0, per_token / t_d) if t_d > 0 else 1.0
     theta = len(done) * output / makespan if makespan > 0 else math.inf
-    return HardwareProfile(t_p, t_d, theta, eff)
+    return HardwareProfile(t_p, t_d, theta, eff, batch)
 
 
 PROFILE_LENGTHS = (512, 256)
@@ -161,11 +164,14 @@ class RCTEstimator:
         self, outstanding: int, capacity: int, model_key: GroupKey | None, hw: HardwareProfile
     ) -> tuple[float, float]:
         """(mean, var) seconds before a replica holding ``outstanding`` requests in
-        ``capacity`` slots starts the next one: 0 with a free slot, else one request end
+        ``capacity`` slots (fewer when the profiled batch is smaller: what the KV cache
+        holds) starts the next one: 0 with a free slot, else one request end
         (μ/Θ) per request beyond the free slots, the next one included."""
         mu, sigma = self.lengths.prior[:2] if model_key is None else self.lengths.params(model_key)
         th = hw.throughput_tokens_per_s
-        k = max(0, outstanding - max(capacity, 1) + 1)
+        # the slots are what runs at once: R_max, or fewer when the KV cache holds fewer
+        slots = min(capacity, hw.batch) if hw.batch > 0 else capacity
+        k = max(0, outstanding - max(slots, 1) + 1)
         return k * mu / th, k * sigma * sigma / (th * th)
 
     def completion(self, g: RequestGroup, hw: HardwareProfile) -> tuple[float, float]:

@@ -77,7 +77,7 @@ from sloserve.costmodel.transfer import DEFAULT_DISK_GB_PER_S
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
 
-NOMINAL_PROFILE = HardwareProfile(6.5e-5, 0.0480, 2276.0, 1.20)
+NOMINAL_PROFILE = HardwareProfile(6.5e-5, 0.0480, 2276.0, 1.20, 155)
 """RCT constants without a simulation to profile (the live gateway): the profiling batch's
 numbers for Llama-2-7B on an A100 (``llama-2-7b-a100``)."""
 
