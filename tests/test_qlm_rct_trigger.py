@@ -35,8 +35,12 @@ def test_waiting_counts_only_requests_beyond_the_free_slots() -> None:
     # full: the next request waits for one end, μ/Θ = 0.5 s; 4 beyond: 5 ends
     assert est.in_flight(16, 16, None, HW) == pytest.approx((0.5, 0.01))
     assert est.in_flight(20, 16, None, HW) == pytest.approx((2.5, 0.05))
-    # the KV cache holds 10 (the profiled batch): 12 on the replica, 3 ends before the next
-    kv = HardwareProfile(0.001, 0.01, 100.0, 1.0, batch=10)
+    # a KV cache of 1,000 tokens holds 10 requests of 50 prompt + 50 output tokens:
+    # 12 on the replica, 3 ends before the next
+    kv = HardwareProfile(0.001, 0.01, 100.0, 1.0, kv_tokens=1000)
+    est.observe_prompt(40)
+    est.observe_prompt(60)
+    assert est.prompt_mean == 50.0
     assert est.in_flight(12, 16, None, kv) == pytest.approx((1.5, 0.03))
 
 

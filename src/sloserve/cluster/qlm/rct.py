@@ -10,11 +10,12 @@ t_d the decode time per output token, ε the inefficiency factor of continuous b
   tokens and ``output`` tokens at t=0. The batch is the *real* one (:func:`profile_batch`):
   as many requests as a loaded replica runs at once, R_max or what its KV cache holds at
   the profiling lengths, whichever is smaller (a batch of 32 measured a 16.8 ms decode
-  step where a loaded Llama-2-7B/A100 replica takes ≈ 48 ms, and a throughput 25 % low).
-  τ_p = the batch's first-token time ÷ its prompt
-  tokens; t_d = the cost model's decode iteration at that batch and mean context; Θ =
-  output tokens ÷ makespan; ε = the mean measured per-token decode time ÷ t_d (≥ 1 when
-  KV pressure preempts requests). Heterogeneous GPUs and models get their own numbers.
+  step where a loaded Llama-2-7B/A100 replica takes ≈ 48 ms, and a throughput 25 % low);
+  the profile keeps the KV capacity, so waiting times count slots at the workload's own
+  mean length. τ_p = the batch's first-token time ÷ its prompt tokens; t_d = the cost
+  model's decode iteration at that batch and mean context; Θ = output tokens ÷ makespan;
+  ε = the mean measured per-token decode time ÷ t_d (≥ 1 when KV pressure preempts
+  requests). Heterogeneous GPUs and models get their own numbers.
 - **Workload profiling** (:class:`OutputLengthModel`): μ, σ per group key, fitted online
   (Welford) from finished requests, blended with a prior (``prior_mean``, ``prior_std``
   counted as ``prior_weight`` observations) until enough are seen.
@@ -52,9 +53,9 @@ class HardwareProfile:
     decode_s_per_token: float
     throughput_tokens_per_s: float
     inefficiency: float = 1.0
-    batch: int = 0
-    """The profiled (real) batch: requests the replica runs at once; 0 = unknown (the
-    replica's R_max counts as its slots)."""
+    kv_tokens: int = 0
+    """The replica's KV cache in tokens: it runs at once what fits there (up to R_max);
+    0 = unknown (R_max counts as its slots)."""
 
 
 def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) -> HardwareProfile:
@@ -83,7 +84,7 @@ def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) ->
     ) / len(done)
     eff = max(1.0, per_token / t_d) if t_d > 0 else 1.0
     theta = len(done) * output / makespan if makespan > 0 else math.inf
-    return HardwareProfile(t_p, t_d, theta, eff, batch)
+    return HardwareProfile(t_p, t_d, theta, eff, inst.kv.capacity_tokens)
 
 
 PROFILE_LENGTHS = (512, 256)
@@ -150,6 +151,14 @@ class RCTEstimator:
         self.lengths = lengths
         self.alpha = alpha
         self.z = z_of(alpha)
+        self.prompt_mean = 0.0
+        """Mean prompt tokens of the requests seen so far (:meth:`observe_prompt`)."""
+        self._prompts = 0
+
+    def observe_prompt(self, tokens: int) -> None:
+        """A request arrived with ``tokens`` prompt tokens (the running mean)."""
+        self._prompts += 1
+        self.prompt_mean += (tokens - self.prompt_mean) / self._prompts
 
     def work(self, g: RequestGroup, hw: HardwareProfile) -> tuple[float, float]:
         """(mean, var) seconds of instance time group ``g`` puts ahead of later groups."""
@@ -164,13 +173,16 @@ class RCTEstimator:
         self, outstanding: int, capacity: int, model_key: GroupKey | None, hw: HardwareProfile
     ) -> tuple[float, float]:
         """(mean, var) seconds before a replica holding ``outstanding`` requests in
-        ``capacity`` slots (fewer when the profiled batch is smaller: what the KV cache
-        holds) starts the next one: 0 with a free slot, else one request end
+        ``capacity`` slots (fewer when the KV cache holds fewer requests of the mean
+        length) starts the next one: 0 with a free slot, else one request end
         (μ/Θ) per request beyond the free slots, the next one included."""
         mu, sigma = self.lengths.prior[:2] if model_key is None else self.lengths.params(model_key)
         th = hw.throughput_tokens_per_s
         # the slots are what runs at once: R_max, or fewer when the KV cache holds fewer
-        slots = min(capacity, hw.batch) if hw.batch > 0 else capacity
+        # requests of the workload's mean length (prompt seen so far + mean output)
+        slots = capacity
+        if hw.kv_tokens > 0:
+            slots = min(capacity, int(hw.kv_tokens // max(self.prompt_mean + mu, 1.0)))
         k = max(0, outstanding - max(slots, 1) + 1)
         return k * mu / th, k * sigma * sigma / (th * th)
 

@@ -77,7 +77,7 @@ from sloserve.costmodel.transfer import DEFAULT_DISK_GB_PER_S
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
 
-NOMINAL_PROFILE = HardwareProfile(6.5e-5, 0.0480, 2276.0, 1.20, 155)
+NOMINAL_PROFILE = HardwareProfile(6.5e-5, 0.0480, 2276.0, 1.20, 119_696)
 """RCT constants without a simulation to profile (the live gateway): the profiling batch's
 numbers for Llama-2-7B on an A100 (``llama-2-7b-a100``)."""
 
@@ -177,6 +177,7 @@ class QLMRouter(Router):
         self._held[rr.req_id] = rr
         if self.mode != "qlm":
             return
+        self.rct.observe_prompt(rr.prompt_tokens)
         g = self.table.add(rr)
         if g.group_id in self._assign:
             # §4: a request joining a group re-runs the RCT estimate of its queue
