@@ -56,6 +56,22 @@ class HardwareProfile:
     kv_tokens: int = 0
     """The replica's KV cache in tokens: it runs at once what fits there (up to R_max);
     0 = unknown (R_max counts as its slots)."""
+    batch: int = 0
+    """The profiling batch's size (0: unknown)."""
+    decode_s_single: float = 0.0
+    """The cost model's decode step for one request at the batch's mean context (0:
+    unknown): with :attr:`decode_s_per_token`, a batch-size latency model
+    (:meth:`decode_at`)."""
+
+    def decode_at(self, k: int) -> float:
+        """Per-token decode time of a batch of ``k`` (inefficiency included): linear in
+        the batch between one request and the profiled batch (a decode step reads the
+        weights once and each request's KV cache), the profiled value from there on."""
+        full = self.decode_s_per_token * self.inefficiency
+        if self.batch <= 1 or self.decode_s_single <= 0 or k >= self.batch:
+            return full
+        f = (max(k, 1) - 1) / (self.batch - 1)
+        return self.decode_s_single + f * (full - self.decode_s_single)
 
 
 def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) -> HardwareProfile:
@@ -84,7 +100,8 @@ def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) ->
     ) / len(done)
     eff = max(1.0, per_token / t_d) if t_d > 0 else 1.0
     theta = len(done) * output / makespan if makespan > 0 else math.inf
-    return HardwareProfile(t_p, t_d, theta, eff, inst.kv.capacity_tokens)
+    t_1 = inst.cost_model.decode_time(1, prompt + output // 2)
+    return HardwareProfile(t_p, t_d, theta, eff, inst.kv.capacity_tokens, len(done), t_1)
 
 
 PROFILE_LENGTHS = (512, 256)
