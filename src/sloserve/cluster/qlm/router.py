@@ -11,10 +11,13 @@ next — the heads of their virtual queues, FCFS inside a group — so the clust
 pull realises the virtual queues (:class:`ReorderQueue`).
 
 **Plan generator calls** (§4 "Handling new incoming requests"): when a new group forms, the
-RCT estimator (``rct.py``) prices it at the tail of the queue where it completes first; a
-predicted violation (its α-quantile completion past its deadline), a failure or a finished
-group re-plans all groups (``plan.py``), at most once per ``replan_interval_s`` of
-simulated time (a choice: bursts of new groups would otherwise re-plan per arrival).
+RCT estimator (``rct.py``) prices it at the tail of the queue where it completes first; on
+every arrival it also prices the groups of the virtual queue the request joins, in place
+(:meth:`QLMRouter._violation_ahead`). A predicted violation (an α-quantile completion past
+a deadline that the head of the queue would meet) or a failure re-plans all groups
+(``plan.py``), at most once per ``replan_interval_s`` of simulated time (a choice: bursts
+of arrivals would otherwise re-plan per arrival). A plan replaces the virtual queues in
+force only when it scores better under the same estimates (``keeps_incumbent``).
 
 **Load balancing** is the assignment itself; a dispatched request never migrates.
 **Model changes**: when the head group of a replica's virtual queue is of another model,
