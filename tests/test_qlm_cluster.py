@@ -177,6 +177,11 @@ def test_the_reproduction_writes_its_tables_figures_and_headline(tmp_path: Path)
     assert head["paper"] == "qlm" and head["plan"]["runs"] == len(plan.runs)
     assert "attainment_gain_vs_best_baseline_W_A" in head["values"]
     assert "throughput_gain_vs_naive_swap_W_A" in head["values"]
+    assert "warm_start_window_throughput_gain_W_A" in head["values"]
+    # served while arrivals last: never more than finished, each within the 6 s window
+    res = rep.results
+    assert (res["window_requests_per_s"] * 6.0 <= res["finished"] + 1e-9).all()
+    assert (res["window_requests_per_s"] > 0).any()
     ids = {c["id"] for c in head["claims"]}
     assert {"attainment_W_A_vs_fcfs-swap", "warm_start", "eviction", "rct_wait_r2"} <= ids
     for c in head["claims"]:

@@ -59,3 +59,15 @@ def test_a_static_batch_run_serves_everything_slower_than_qlm() -> None:
     assert static["preemptions"] == 0
     # a batch waits for its longest output: less throughput than continuous batching
     assert static["throughput_tokens_per_s"] < qlm["throughput_tokens_per_s"]
+
+
+def test_members_are_judged_at_their_own_end_and_decode_time_grows_with_the_batch() -> None:
+    # a batch of 2 lasts 10 s (its longest), but each member ends by 4 s
+    dl = [(5.0, "rt1"), (5.0, "rt2"), (300.0, "be")]
+    assert plan_batch(dl, 0.0, 2, lambda k: 10.0) == ["be", "rt1"]  # judged at 10 s
+    assert plan_batch(dl, 0.0, 2, lambda k: 10.0, lambda k: 4.0) == ["rt1", "rt2"]
+    hw = HardwareProfile(1e-4, 0.04, 1000.0, 1.5, batch=11, decode_s_single=0.01)
+    assert hw.decode_at(1) == pytest.approx(0.01)
+    assert hw.decode_at(6) == pytest.approx(0.01 + 0.5 * (0.06 - 0.01))
+    assert hw.decode_at(11) == hw.decode_at(50) == pytest.approx(0.06)
+    assert HardwareProfile(1e-4, 0.04, 1000.0, 1.5).decode_at(1) == pytest.approx(0.06)

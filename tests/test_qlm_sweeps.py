@@ -64,6 +64,11 @@ def test_the_sweeps_build_their_runs() -> None:
     sim, _ = tail.config()
     assert sim["workload"]["models"]["llama-3-8b"] == pytest.approx(0.1)
     assert sum(sim["workload"]["models"].values()) == pytest.approx(1.0)
+    large = next(r for r in plan.runs if r.sweep == "large" and r.system == "qlm")
+    sim, cluster = large.config()
+    assert sim["workload"]["models"]["llama-2-70b"] == pytest.approx(0.3)
+    assert cluster["models"]["llama-2-70b"]["profile"].endswith("a100-80gbx2")
+    assert {r.system for r in plan.runs if r.sweep == "large"} >= {"qlm-no-warm-start", "edf"}
 
 
 def test_mega_prompts_replace_a_seeded_share_of_the_requests() -> None:

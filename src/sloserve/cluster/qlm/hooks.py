@@ -24,6 +24,9 @@ class QLMHooks:
     swap_s: Callable[[int, str], float]
     set_warm: Callable[[int, set[str]], None] = lambda rid, models: None
     """Which models replica ``rid`` keeps in CPU memory (loads of them are warm)."""
+    weight_bytes: Callable[[str], float | None] | None = None
+    """A model's checkpoint bytes as the cluster's registry knows them (``None``: the
+    router reads the spec catalog)."""
 
 
 @dataclass
@@ -37,6 +40,8 @@ class QLMStats:
     solve_s_max: float = 0.0
     infeasible_plans: int = 0
     model_changes: int = 0
+    kept_incumbent: int = 0
+    """Plans not adopted: the virtual queues in force scored at least as well."""
     predicted: list[float] = field(default_factory=list)
     actual: list[float] = field(default_factory=list)
     wait_pred: dict[int | str, float] = field(default_factory=dict)
@@ -59,6 +64,7 @@ class QLMStats:
             "plan_solve_s_max": self.solve_s_max,
             "plans_predicting_violations": self.infeasible_plans,
             "model_changes": self.model_changes,
+            "plans_kept_incumbent": self.kept_incumbent,
             "rct_r2": r_squared(self.predicted, self.actual),
             "rct_samples": len(self.actual),
             "rct_wait_r2": r_squared(

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sloserve.cluster.controller import Action, Event, ReorderQueue
+from sloserve.cluster.qlm.changes import change
 from sloserve.cluster.qlm.router import QLMRouter, make_qlm_router
 from sloserve.cluster.routing import Decision, Hold
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest
@@ -129,7 +130,7 @@ class NaiveSwapRouter(QLMRouter):
                 fronts.setdefault(head.model, []).append(head.req_id)
             elif v.status is ReplicaStatus.UP and rid not in self._changing:
                 # the naive swap: the head wants another model, change now
-                out.append(self._change(rid, head.model))
+                out.append(change(self, rid, head.model))
         if self.hooks is not None:
             for rid in heads:
                 self.hooks.set_warm(rid, set())  # nothing kept warm in CPU memory

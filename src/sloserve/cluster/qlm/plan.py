@@ -63,6 +63,18 @@ class PlanQueue:
     ready: float
     """α-quantile seconds until the work already on the replica is done."""
     swap_s: float
+    swap_by_model: tuple[tuple[str, float], ...] = ()
+    """Per-model change times where they differ from ``swap_s``: the greedy plan and the
+    plan evaluation use them (a Llama-70B load is ten times a 7B one; one constant, the
+    slowest, made every change look like the 70B's); the MILP keeps the paper's constant
+    ``swap_s`` (Eq. 10)."""
+
+    def swap(self, model: str) -> float:
+        """Seconds to change this queue's replica to ``model``."""
+        for m, t in self.swap_by_model:
+            if m == model:
+                return t
+        return self.swap_s
 
 
 @dataclass
@@ -110,7 +122,7 @@ def simulate_plan(
         for gid in order.get(q.rid, []):
             g = by_id[gid]
             if g.model != model:
-                t += q.swap_s
+                t += q.swap(g.model)
                 model = g.model
             out[gid] = t + g.completion[qi]
             t += g.work[qi]
@@ -155,12 +167,12 @@ def greedy_plan(groups: Sequence[PlanGroup], queues: Sequence[PlanQueue]) -> dic
     for g in _by_deadline(groups):
         best, best_c = 0, math.inf
         for i, q in enumerate(queues):
-            c = t[i] + (q.swap_s if model[i] != g.model else 0.0) + g.completion[i]
+            c = t[i] + (q.swap(g.model) if model[i] != g.model else 0.0) + g.completion[i]
             if c < best_c - 1e-12:
                 best, best_c = i, c
         q = queues[best]
         if model[best] != g.model:
-            t[best] += q.swap_s
+            t[best] += q.swap(g.model)
             model[best] = g.model
         t[best] += g.work[best]
         order[q.rid].append(g.gid)
@@ -295,3 +307,26 @@ def _milp(
             groups[g].gid for p in range(n_p) for g in range(n_g) if x[xi(g, i, p)] > 0.5
         ]
     return order, "optimal" if res.status == 0 else "time-limit-feasible"
+
+
+def keeps_incumbent(
+    plan: Plan,
+    groups: Sequence[PlanGroup],
+    queues: Sequence[PlanQueue],
+    current: dict[int, list[int]],
+) -> bool:
+    """Whether the virtual queues in force (``current``) are at least as good as ``plan``
+    under the same estimates: fewer predicted deadline misses, or as few and no larger
+    total completion (Eq. 13). The queues in force are a solution of the same program
+    (a solver warm-started from them returns nothing worse), so a new plan replaces them
+    only when it is better; any group not placed in them: the plan wins."""
+    placed = [gid for q in queues for gid in current.get(q.rid, [])]
+    if sorted(placed) != sorted(g.gid for g in groups):
+        return False
+    inc = simulate_plan(groups, queues, {q.rid: current.get(q.rid, []) for q in queues})
+
+    def score(comp: dict[int, float]) -> tuple[int, float]:
+        late = sum(comp[g.gid] > g.deadline + 1e-9 for g in groups)
+        return late, sum(comp.values())
+
+    return score(inc) <= score(plan.completion)

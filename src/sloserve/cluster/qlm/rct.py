@@ -7,17 +7,24 @@ t_d the decode time per output token, ε the inefficiency factor of continuous b
 - **Hardware profiling** (:func:`profile_instance`): "running the model with a single
   batch of requests on the specific GPU" — here a short simulated batch on a fresh copy of
   the replica (its own cost model, limits and policy): ``batch`` requests of ``prompt``
-  tokens and ``output`` tokens at t=0. τ_p = the batch's first-token time ÷ its prompt
-  tokens; t_d = the cost model's decode iteration at that batch and mean context; Θ =
-  output tokens ÷ makespan; ε = the mean measured per-token decode time ÷ t_d (≥ 1 when
-  KV pressure preempts requests). Heterogeneous GPUs and models get their own numbers.
+  tokens and ``output`` tokens at t=0. The batch is the *real* one (:func:`profile_batch`):
+  as many requests as a loaded replica runs at once, R_max or what its KV cache holds at
+  the profiling lengths, whichever is smaller (a batch of 32 measured a 16.8 ms decode
+  step where a loaded Llama-2-7B/A100 replica takes ≈ 48 ms, and a throughput 25 % low);
+  the profile keeps the KV capacity, so waiting times count slots at the workload's own
+  mean length. τ_p = the batch's first-token time ÷ its prompt tokens; t_d = the cost
+  model's decode iteration at that batch and mean context; Θ = output tokens ÷ makespan;
+  ε = the mean measured per-token decode time ÷ t_d (≥ 1 when KV pressure preempts
+  requests). Heterogeneous GPUs and models get their own numbers.
 - **Workload profiling** (:class:`OutputLengthModel`): μ, σ per group key, fitted online
   (Welford) from finished requests, blended with a prior (``prior_mean``, ``prior_std``
   counted as ``prior_weight`` observations) until enough are seen.
 - **Waiting time** (Eq. 2): work ahead ÷ Θ. Choice: the work of a group is its output
   tokens ÷ Θ *plus* its prompt tokens × τ_p (the paper counts output tokens only; with
-  mega-prompts, W_C, the prompts dominate). Requests already on the instance count as
-  half a mean output each (their progress is not visible to the planner).
+  mega-prompts, W_C, the prompts dominate). Requests already on the instance delay a new
+  one only beyond its free slots (:meth:`RCTEstimator.in_flight`): a continuous-batching
+  replica with room starts a request at once, and a full one frees a slot every μ/Θ
+  seconds on average (Θ/μ requests end per second).
 - **Group completion** (Eq. 1, 4, 5): FCFS inside the group, so the max over its requests
   is its last request: it waits for the other n−1 (their work), then its prefill (the
   group's mean prompt × τ_p) and its decode μ·t_d·ε. Means and variances add
@@ -46,6 +53,25 @@ class HardwareProfile:
     decode_s_per_token: float
     throughput_tokens_per_s: float
     inefficiency: float = 1.0
+    kv_tokens: int = 0
+    """The replica's KV cache in tokens: it runs at once what fits there (up to R_max);
+    0 = unknown (R_max counts as its slots)."""
+    batch: int = 0
+    """The profiling batch's size (0: unknown)."""
+    decode_s_single: float = 0.0
+    """The cost model's decode step for one request at the batch's mean context (0:
+    unknown): with :attr:`decode_s_per_token`, a batch-size latency model
+    (:meth:`decode_at`)."""
+
+    def decode_at(self, k: int) -> float:
+        """Per-token decode time of a batch of ``k`` (inefficiency included): linear in
+        the batch between one request and the profiled batch (a decode step reads the
+        weights once and each request's KV cache), the profiled value from there on."""
+        full = self.decode_s_per_token * self.inefficiency
+        if self.batch <= 1 or self.decode_s_single <= 0 or k >= self.batch:
+            return full
+        f = (max(k, 1) - 1) / (self.batch - 1)
+        return self.decode_s_single + f * (full - self.decode_s_single)
 
 
 def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) -> HardwareProfile:
@@ -74,18 +100,26 @@ def profile_instance(inst: Instance, *, batch: int, prompt: int, output: int) ->
     ) / len(done)
     eff = max(1.0, per_token / t_d) if t_d > 0 else 1.0
     theta = len(done) * output / makespan if makespan > 0 else math.inf
-    return HardwareProfile(t_p, t_d, theta, eff)
+    t_1 = inst.cost_model.decode_time(1, prompt + output // 2)
+    return HardwareProfile(t_p, t_d, theta, eff, inst.kv.capacity_tokens, len(done), t_1)
 
 
-PROFILE_BATCH = (32, 512, 256)
-"""The profiling batch: at most this many requests (R_max caps it), prompt and output
-tokens each."""
+PROFILE_LENGTHS = (512, 256)
+"""The profiling batch's prompt and output tokens per request."""
+
+
+def profile_batch(inst: Instance, prompt: int, output: int) -> int:
+    """The real batch of ``inst`` at these lengths: R_max, or the requests its KV cache
+    holds at their full length when fewer (a loaded replica runs that many at once)."""
+    fits = inst.kv.capacity_tokens // max(prompt + output, 1)
+    return max(1, min(inst.limits.max_running, fits))
 
 
 def profile_replica(inst: Instance) -> HardwareProfile:
-    """:func:`profile_instance` with the standard profiling batch (:data:`PROFILE_BATCH`)."""
-    b, p, o = PROFILE_BATCH
-    return profile_instance(inst, batch=min(b, inst.limits.max_running), prompt=p, output=o)
+    """:func:`profile_instance` at the replica's real batch (:func:`profile_batch`) with
+    :data:`PROFILE_LENGTHS`."""
+    p, o = PROFILE_LENGTHS
+    return profile_instance(inst, batch=profile_batch(inst, p, o), prompt=p, output=o)
 
 
 class OutputLengthModel:
@@ -134,6 +168,14 @@ class RCTEstimator:
         self.lengths = lengths
         self.alpha = alpha
         self.z = z_of(alpha)
+        self.prompt_mean = 0.0
+        """Mean prompt tokens of the requests seen so far (:meth:`observe_prompt`)."""
+        self._prompts = 0
+
+    def observe_prompt(self, tokens: int) -> None:
+        """A request arrived with ``tokens`` prompt tokens (the running mean)."""
+        self._prompts += 1
+        self.prompt_mean += (tokens - self.prompt_mean) / self._prompts
 
     def work(self, g: RequestGroup, hw: HardwareProfile) -> tuple[float, float]:
         """(mean, var) seconds of instance time group ``g`` puts ahead of later groups."""
@@ -145,12 +187,21 @@ class RCTEstimator:
         )
 
     def in_flight(
-        self, outstanding: int, model_key: GroupKey | None, hw: HardwareProfile
+        self, outstanding: int, capacity: int, model_key: GroupKey | None, hw: HardwareProfile
     ) -> tuple[float, float]:
-        """(mean, var) seconds of the work already on a replica: half a mean output each."""
+        """(mean, var) seconds before a replica holding ``outstanding`` requests in
+        ``capacity`` slots (fewer when the KV cache holds fewer requests of the mean
+        length) starts the next one: 0 with a free slot, else one request end
+        (μ/Θ) per request beyond the free slots, the next one included."""
         mu, sigma = self.lengths.prior[:2] if model_key is None else self.lengths.params(model_key)
         th = hw.throughput_tokens_per_s
-        return outstanding * mu / 2 / th, outstanding * (sigma / 2) ** 2 / (th * th)
+        # the slots are what runs at once: R_max, or fewer when the KV cache holds fewer
+        # requests of the workload's mean length (prompt seen so far + mean output)
+        slots = capacity
+        if hw.kv_tokens > 0:
+            slots = min(capacity, int(hw.kv_tokens // max(self.prompt_mean + mu, 1.0)))
+        k = max(0, outstanding - max(slots, 1) + 1)
+        return k * mu / th, k * sigma * sigma / (th * th)
 
     def completion(self, g: RequestGroup, hw: HardwareProfile) -> tuple[float, float]:
         """(mean, var) seconds from the group's start to its last request's end (Eq. 5)."""

@@ -11,17 +11,22 @@ next — the heads of their virtual queues, FCFS inside a group — so the clust
 pull realises the virtual queues (:class:`ReorderQueue`).
 
 **Plan generator calls** (§4 "Handling new incoming requests"): when a new group forms, the
-RCT estimator (``rct.py``) prices it at the tail of the queue where it completes first; a
-predicted violation (its α-quantile completion past its deadline), a failure or a finished
-group re-plans all groups (``plan.py``), at most once per ``replan_interval_s`` of
-simulated time (a choice: bursts of new groups would otherwise re-plan per arrival).
+RCT estimator (``rct.py``) prices it at the tail of the queue where it completes first; on
+every arrival it also prices the groups of the virtual queue the request joins, in place
+(:meth:`QLMRouter._violation_ahead`). A predicted violation (an α-quantile completion past
+a deadline that the head of the queue would meet) or a failure re-plans all groups
+(``plan.py``), at most once per ``replan_interval_s`` of simulated time (a choice: bursts
+of arrivals would otherwise re-plan per arrival). A plan replaces the virtual queues in
+force only when it scores better under the same estimates (``keeps_incumbent``).
 
 **Load balancing** is the assignment itself; a dispatched request never migrates.
 **Model changes**: when the head group of a replica's virtual queue is of another model,
 the replica changes model (:class:`ChangeModel`: it finishes what it holds, then loads).
-**Model warm start** (§5): the models of the next groups in its queue, up to
-``cpu_models`` (default 2), are kept in the replica's CPU memory, so a change to one of
-them loads warm (host-to-GPU); any other loads cold from disk (``cluster/models.py``).
+**Model warm start** (§5): the models of the next groups in its queue that fit the
+replica's CPU memory (``cpu_mem_gib``, bytes of weights) are read there from disk
+(``disk_gb_per_s``, one after another) and, once read, a change to one of them loads warm
+(host-to-GPU); any other loads cold from disk (``cluster/models.py``). Model changes and
+warm start live in ``changes.py`` and ``warm.py``.
 **Eviction and GPU↔CPU swap** happen on the replica, in its ``qlm`` policy
 (``policies/qlm/agent.py``).
 
@@ -46,10 +51,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sloserve.cluster.controller import Action, ChangeModel, Event, ReorderQueue
+from sloserve.cluster.controller import Action, Event, ReorderQueue
+from sloserve.cluster.qlm.changes import swap_for_head, warm_start
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupTable, RequestGroup
 from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
 from sloserve.cluster.qlm.plan import (
@@ -58,6 +64,7 @@ from sloserve.cluster.qlm.plan import (
     PlannerConfig,
     PlanQueue,
     generate_plan,
+    keeps_incumbent,
 )
 from sloserve.cluster.qlm.rct import (
     HardwareProfile,
@@ -65,13 +72,15 @@ from sloserve.cluster.qlm.rct import (
     RCTEstimator,
     z_of,
 )
+from sloserve.cluster.qlm.warm import DEFAULT_CPU_MEM_GIB, CPUMemory, make_cpu_memory
 from sloserve.cluster.routing import Decision, Hold, Router
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError
+from sloserve.costmodel.transfer import DEFAULT_DISK_GB_PER_S
 
 LSOS = frozenset({"pull", "balance", "warm-start"})
 
-NOMINAL_PROFILE = HardwareProfile(8.3e-5, 0.0168, 1470.0, 1.09)
+NOMINAL_PROFILE = HardwareProfile(6.5e-5, 0.0480, 2276.0, 1.20, 119_696)
 """RCT constants without a simulation to profile (the live gateway): the profiling batch's
 numbers for Llama-2-7B on an A100 (``llama-2-7b-a100``)."""
 
@@ -93,10 +102,14 @@ class QLMRouter(Router):
         lsos: frozenset[str],
         tick_s: float,
         replan_interval_s: float,
-        cpu_models: int = 2,
+        cpu_memory: Callable[[], CPUMemory] | None = None,
     ) -> None:
         self.name = mode
-        self.cpu_models = cpu_models
+        self._new_cpu_memory = cpu_memory or make_cpu_memory(
+            DEFAULT_CPU_MEM_GIB, DEFAULT_DISK_GB_PER_S, None
+        )
+        self.cpu_mem: dict[int, CPUMemory] = {}
+        """Per replica: the model weights in its CPU memory (the warm-start LSO)."""
         self.mode = mode
         self.tick_s: float | None = tick_s
         self.table = GroupTable(grouping)
@@ -112,6 +125,8 @@ class QLMRouter(Router):
         self._held: dict[int | str, RouteRequest] = {}
         self._dispatched: dict[int | str, tuple[int, Any]] = {}
         self._changing: dict[int, str] = {}
+        self._loaded_at: dict[int, float] = {}
+        """When each model change issued is expected to end (its drain and load priced)."""
         self._last_plan = -math.inf
         self._dirty = False
         self._turn: dict[str, int] = {}
@@ -142,8 +157,12 @@ class QLMRouter(Router):
             if v.status in (ReplicaStatus.UP, ReplicaStatus.LOADING, ReplicaStatus.DRAINING)
         ]
 
-    def _ready(self, v: ReplicaView) -> tuple[float, float]:
-        return self.rct.in_flight(v.outstanding, None, self._hw(v.replica_id))
+    def _ready(self, v: ReplicaView, now: float) -> tuple[float, float]:
+        m, var = self.rct.in_flight(v.outstanding, v.capacity, None, self._hw(v.replica_id))
+        # a replica changing model serves nothing until its load ends (as priced at the change)
+        if v.status is not ReplicaStatus.UP or v.replica_id in self._changing:
+            m += max(0.0, self._loaded_at.get(v.replica_id, now) - now)
+        return m, var
 
     def _deadline(self, r: RouteRequest) -> float:
         d = r.slo.deadline_s
@@ -161,8 +180,12 @@ class QLMRouter(Router):
         self._held[rr.req_id] = rr
         if self.mode != "qlm":
             return
+        self.rct.observe_prompt(rr.prompt_tokens)
         g = self.table.add(rr)
         if g.group_id in self._assign:
+            # §4: a request joining a group re-runs the RCT estimate of its queue
+            if self._violation_ahead(view, self._assign[g.group_id]):
+                self._replan(view)
             return
         live = self._live(view)
         if not live:
@@ -178,7 +201,7 @@ class QLMRouter(Router):
         self._predict(rr, mean)
         # Insight #1's waiting time: the mean completion less the group's own part
         self.stats.wait_pred[rr.req_id] = mean - self.rct.completion(g, self._hw(rid))[0]
-        if quant > g.deadline or self._dirty:
+        if quant > g.deadline or self._dirty or self._violation_ahead(view, rid):
             self._replan(view)
 
     def _place(self, g: RequestGroup, rid: int, model: str | None = None) -> None:
@@ -199,10 +222,36 @@ class QLMRouter(Router):
                 at = 0
         q.insert(at, g.group_id)
 
+    def _violation_ahead(self, view: ClusterView, rid: int) -> bool:
+        """The re-planning trigger (§4, §7: "invoked by the RCT estimator when an SLO
+        violation is likely"): a group of replica ``rid``'s virtual queue whose α-quantile
+        completion at its place misses its deadline, where at the head of the queue it
+        would meet it (a group that misses even there cannot be saved by a new plan)."""
+        v = view.replica(rid)
+        m, var = self._ready(v, view.now)
+        hw, model = self._hw(rid), self._changing.get(rid, v.model)
+        for gid in self.vq.get(rid, []):
+            g = self.table.groups.get(gid)
+            if g is None:
+                continue
+            swap = self._swap(rid, g.model) if g.model != model else 0.0
+            m, model = m + swap, g.model
+            cm, cv = self.rct.completion(g, hw)
+            if view.now + self.rct.quantile(m + cm, var + cv) > g.deadline:
+                r0, v0 = self._ready(v, view.now)
+                now_model = self._changing.get(rid, v.model)
+                head = swap + r0 + cm if g.model != now_model else r0 + cm
+                if view.now + self.rct.quantile(head, v0 + cv) <= g.deadline:
+                    return True
+            w, wv = self.rct.work(g, hw)
+            m, var = m + w, var + wv
+        return False
+
     def _tail(self, v: ReplicaView, now: float) -> tuple[float, float, str]:
         """(mean, var) seconds until replica ``v``'s virtual queue is done, its last model."""
-        m, var = self._ready(v)
-        hw, model = self._hw(v.replica_id), v.model
+        m, var = self._ready(v, now)
+        # a replica changing model is priced with its new one (its load is in _ready)
+        hw, model = self._hw(v.replica_id), self._changing.get(v.replica_id, v.model)
         for gid in self.vq.get(v.replica_id, []):
             g = self.table.groups.get(gid)
             if g is None:
@@ -242,7 +291,8 @@ class QLMRouter(Router):
         meet its deadline."""
         best = (math.inf, math.inf, cand[0].replica_id)
         best_same = best
-        for v in cand:
+        # ties (free slots on several replicas: no wait anywhere) go to the least loaded
+        for v in sorted(cand, key=lambda v: (v.outstanding, v.replica_id)):
             m, var, model = self._tail(v, now)
             # a replica changing model serves the new one (its old one is draining)
             now_model = self._changing.get(v.replica_id, v.model)
@@ -288,9 +338,19 @@ class QLMRouter(Router):
         queues, hws = [], []
         for v in live:
             hw = self._hw(v.replica_id)
-            m, var = self._ready(v)
-            swap = max((self._swap(v.replica_id, g.model) for g in self.table), default=0.0)
-            queues.append(PlanQueue(v.replica_id, v.model, m + z * math.sqrt(var), swap))
+            m, var = self._ready(v, now)
+            swaps = {g.model: self._swap(v.replica_id, g.model) for g in self.table}
+            ready = m + z * math.sqrt(var)
+            swap = max(swaps.values(), default=0.0)
+            queues.append(
+                PlanQueue(
+                    v.replica_id,
+                    self._changing.get(v.replica_id, v.model),  # a change under way counts
+                    ready,
+                    swap,
+                    tuple(sorted(swaps.items())),
+                )
+            )
             hws.append(hw)
         pgs = []
         for g in self.table:
@@ -303,6 +363,9 @@ class QLMRouter(Router):
             pgs.append(PlanGroup(g.group_id, g.model, g.deadline - now, tuple(work), tuple(comp)))
         plan = generate_plan(pgs, queues, self.planner)
         self._record(plan)
+        if keeps_incumbent(plan, pgs, queues, self.vq):
+            self.stats.kept_incumbent += 1
+            return
         self.vq = {rid: list(gids) for rid, gids in plan.queues.items()}
         self._assign = {gid: rid for rid, gids in self.vq.items() for gid in gids}
 
@@ -398,101 +461,11 @@ class QLMRouter(Router):
     def _actions(self, view: ClusterView) -> list[Action]:
         out: list[Action] = []
         if self.mode == "qlm":
-            out += self._warm_start(view)
+            out += warm_start(self, view)
         elif self.mode != "qlm":
-            out += self._swap_for_head(view)
+            out += swap_for_head(self, view)
         out += self._reorders(view)
         return out
-
-    def _swap_for_head(self, view: ClusterView) -> list[Action]:
-        """Baselines' model changes (no grouping): an idle replica changes to the model of
-        the head of the global queue (their order); the first held request whose model no
-        replica serves or loads makes the least-loaded UP replica change."""
-        for rid, model in list(self._changing.items()):
-            v = view.replica(rid)
-            if v.model == model and v.status is ReplicaStatus.UP:
-                del self._changing[rid]
-        key = self._deadline if self.mode == "edf" else (lambda r: r.arrival)
-        held = [r for r in self._held.values() if r.model != "default"]
-        if not held:
-            return []
-        up = [
-            v
-            for v in view.replicas()
-            if v.status is ReplicaStatus.UP and v.replica_id not in self._changing
-        ]
-        out: list[Action] = []
-        # An idle replica serves the head of the global queue, changing model when the
-        # head is of another model: the per-instance pull of the paper's baselines, which
-        # swaps whenever the order says so (Insight #3's thrash).
-        head = min(held, key=lambda r: (key(r), r.arrival))
-        for v in up:
-            if v.outstanding == 0 and v.model != head.model:
-                out.append(self._change(v.replica_id, head.model))
-                break
-        covered = {v.model for v in self._live(view)} | set(self._changing.values())
-        waiting = [r for r in held if r.model not in covered]
-        up = [v for v in up if v.replica_id not in self._changing]
-        if waiting and up:  # a model no replica serves: the least-loaded replica changes
-            first = min(waiting, key=lambda r: (key(r), r.arrival))
-            v = min(up, key=lambda v: (v.outstanding, v.replica_id))
-            out.append(self._change(v.replica_id, first.model))
-        return out
-
-    def _change(self, rid: int, model: str) -> ChangeModel:
-        self._changing[rid] = model
-        self.stats.model_changes += 1
-        return ChangeModel(rid, model)
-
-    def _warm_start(self, view: ClusterView) -> list[Action]:
-        """Model changes for heads of another model, and (the warm-start LSO) the models
-        kept in CPU memory: the next ``cpu_models`` models of the queue (§5)."""
-        out: list[Action] = []
-        for rid, gids in self.vq.items():
-            v = view.replica(rid)
-            if self.hooks is not None:
-                warm: list[str] = []
-                if "warm-start" in self.lsos:
-                    for gid in gids:
-                        g = self.table.groups.get(gid)
-                        if g is not None and g.model not in warm and len(warm) < self.cpu_models:
-                            warm.append(g.model)
-                self.hooks.set_warm(rid, set(warm))
-            pending = self._changing.get(rid)
-            if pending is not None and v.model == pending and v.status is ReplicaStatus.UP:
-                del self._changing[rid]
-                pending = None
-            head = next((self.table.groups[g] for g in gids if g in self.table.groups), None)
-            if head is None or head.model in ("default", v.model) or pending == head.model:
-                continue
-            if v.status is not ReplicaStatus.UP or self._keep_model(v, gids, head, view.now):
-                continue
-            self._changing[rid] = head.model
-            self.stats.model_changes += 1
-            out.append(ChangeModel(rid, head.model))
-        return out
-
-    def _keep_model(self, v: ReplicaView, gids: list[int], head: RequestGroup, now: float) -> bool:
-        """Insight #3 before a model change: the groups of the replica's current model in
-        its queue move to the front when the head group still meets its deadline (level
-        α) after them and the change; then the replica keeps its model for now."""
-        rid = v.replica_id
-        same = [
-            g for g in gids if (h := self.table.groups.get(g)) is not None and h.model == v.model
-        ]
-        if not same:
-            return False
-        hw = self._hw(rid)
-        m, var = self._ready(v)
-        for gid in same:
-            w, wv = self.rct.work(self.table.groups[gid], hw)
-            m, var = m + w, var + wv
-        cm, cv = self.rct.completion(head, hw)
-        m += self._swap(rid, head.model) + cm
-        if now + self.rct.quantile(m, var + cv) > head.deadline:
-            return False
-        self.vq[rid] = same + [g for g in gids if g not in set(same)]
-        return True
 
     def _reorders(self, view: ClusterView) -> list[Action]:
         """Front of each model's global queue: what the replicas with room pull next."""
@@ -562,7 +535,9 @@ def make_qlm_router(
     lsos: str | Iterable[str] = "pull,balance,warm-start",
     tick_s: float = 1.0,
     replan_interval_s: float = 1.0,
-    cpu_models: int = 2,
+    cpu_models: int | None = None,
+    cpu_mem_gib: float = DEFAULT_CPU_MEM_GIB,
+    disk_gb_per_s: float = DEFAULT_DISK_GB_PER_S,
 ) -> QLMRouter:
     """The router (module docstring); every bad parameter is a one-line ConfigError."""
     try:
@@ -575,8 +550,9 @@ def make_qlm_router(
             if not 0 < tick_s <= 3600
             else f"router_params.replan_interval_s: must be in [0, 3600], got {replan_interval_s}"
         )
-    if not isinstance(cpu_models, int) or cpu_models < 0:
+    if cpu_models is not None and (not isinstance(cpu_models, int) or cpu_models < 0):
         raise ConfigError(f"router_params.cpu_models: must be an integer >= 0, got {cpu_models}")
+    memory = make_cpu_memory(cpu_mem_gib, disk_gb_per_s, cpu_models)
     try:
         grouping = GroupingConfig(group_size_factor, avg_batch_size)
         planner = PlannerConfig(time_limit_s, max_milp_vars, node_limit)
@@ -592,5 +568,5 @@ def make_qlm_router(
         lsos=_lsos(lsos),
         tick_s=tick_s,
         replan_interval_s=replan_interval_s,
-        cpu_models=cpu_models,
+        cpu_memory=memory,
     )

@@ -39,7 +39,13 @@ def main_grid(results: pd.DataFrame) -> pd.DataFrame:
     ]
 
 
-SWEEP_KNOB = {"queue": "rate", "tail": "tail_share", "a10": "a10_share", "mega": "mega_share"}
+SWEEP_KNOB = {
+    "queue": "rate",
+    "tail": "tail_share",
+    "a10": "a10_share",
+    "mega": "mega_share",
+    "large": "tail_share",
+}
 """Each §8.3 sweep's x-axis column."""
 
 

@@ -11,6 +11,31 @@ Workloads (choices; the paper's exact traces and GPU counts are not reproducible
   mega-prompts (:data:`MEGA_PROMPT`, 3,500 + 500 tokens: Llama-2's 4k context), chosen by
   a seeded draw.
 
+- **W_A_large** (the ``large`` sweep): W_A with the paper's model sizes
+  (:data:`W_A_LARGE`).
+
+Where this setup differs from the paper's (§8), and which gap each difference can explain
+(docs/papers/qlm.md, "Where our setup differs"):
+
+- *Scale*: two simulated replicas (four in the ``a10`` sweep) against 80–100 GPUs; few
+  queues leave load balancing little to choose.
+- *Models*: W_A serves 2.7–8B models (cold loads 3–9 s) where the paper serves
+  Mistral-7B, Vicuna-13B and Llama-70B (a 70B cold load ≈ 72 s): the warm-start gap.
+  W_A_large restores the sizes.
+- *Backend*: a simulated vLLM-like engine, R_max = 256 continuous-batching slots and a
+  KV cache that holds ≈ 155 Llama-2-7B requests of 768 tokens on an A100: a slot frees
+  every few tens of ms, so a waiting rt request is rarely blocked by the running batch —
+  the eviction gap and most of the single-model gap vs EDF.
+- *Baselines*: the paper's EDF is "sorted by SLO values" per instance with no eviction;
+  ``edf-swap`` sorts by absolute deadline (the same order for two classes within a 40 s
+  window) and runs vLLM's policy (no eviction, recompute on KV overflow). The paper does
+  not say how its baselines spread requests over instances (we rotate).
+- *Lengths and rates*: the workload's named ``sharegpt`` length mix and
+  Poisson arrivals for 40 s (quick) or 120 s (full), where the paper replays ShareGPT
+  with unstated rates.
+- *Throughput* is output tokens ÷ the time to the last finish; when every system drains
+  the queue before the horizon, throughput differs only by the makespan.
+
 Each workload runs QLM (router ``qlm``, policy ``qlm``) and the baselines of the same
 runs: ``edf`` and ``fcfs`` (global queues, vLLM per replica) and ``round-robin`` (vLLM's
 per-instance FCFS), and the paper's own, ``fcfs-swap`` and ``edf-swap`` (vLLM per-replica
@@ -47,6 +72,18 @@ A10_ROOFLINE = "roofline:llama-2-7b@a10"
 """The ``a10`` sweep's profiles: both from the roofline (the catalog's A10 data sheet:
 24 GB, 600 GB/s, 125 dense fp16 TFLOPS; no measured A10 profile exists), so the A10:A100
 gap is the data sheets' and not a roofline-vs-measurement artefact."""
+W_A_LARGE = "W_A_large"
+"""W_A with the paper's models (§8: Mistral-7B, Vicuna-13B, Llama-70B; Vicuna-13B is a
+Llama-2-13B fine-tune, so its spec): two replicas of two A100-80GB each (tensor parallel 2,
+the least that holds Llama-2-70B's 138 GB), starting with Mistral-7B and Llama-2-13B;
+Llama-2-70B is the tail model. All three priced by the roofline (no measured TP-2
+profiles), so they compare among themselves. Cold loads: 7.5, 13.5 and 71.7 s; warm
+(from CPU memory): 0.29, 0.52 and 2.76 s; reading Llama-2-70B into CPU memory: 69 s."""
+W_A_LARGE_RATE = 7.0
+"""W_A_large's arrival rate (req/s): the offered load of W_A at 14 req/s. Per request, the
+profiled output throughput Θ gives the replica-seconds it costs; W_A's mix costs 0.082
+replica-s per 250 output tokens (≈ 24 req/s on two replicas: 14 req/s is 58 %), this
+one's 0.173 (≈ 11.6 req/s: 58 % is 6.7, rounded to 7)."""
 QUEUED_RATE = 80.0
 """W_B's queued point (req/s): twice the main grid's 40, where a global queue builds."""
 A10_RATE = 50.0
@@ -71,8 +108,8 @@ class Run:
     sweep: str = "main"
     """Which table the run belongs to: ``main`` (the systems grid), ``queue`` (W_B's arrival
     rate), ``tail`` (W_A's tail-model share), ``a10`` (the A10:A100 mix), ``mega`` (W_C's
-    mega-prompt share); the group-size and burstiness runs keep ``main``'s label and are
-    told apart by their knob."""
+    mega-prompt share), ``large`` (W_A with the paper's model sizes); the group-size and
+    burstiness runs keep ``main``'s label and are told apart by their knob."""
     tail_share: float = TAIL_SHARE
     """W_A: the share of requests to the tail model (Llama-3-8B, served by no replica at
     first); the two frequent models split the rest 4:3."""
@@ -114,6 +151,20 @@ class Run:
                     {"count": 1, "profile": "phi-2-a100"},
                 ],
                 "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
+            }
+        if self.workload == W_A_LARGE:
+            rest = 1.0 - self.tail_share
+            wl["models"] = {
+                "mistral-7b": rest * 4 / 7,
+                "llama-2-13b": rest * 3 / 7,
+                "llama-2-70b": self.tail_share,
+            }
+            cluster = {
+                "replicas": [
+                    {"count": 1, "profile": "roofline:mistral-7b@a100-80gbx2"},
+                    {"count": 1, "profile": "roofline:llama-2-13b@a100-80gbx2"},
+                ],
+                "models": {"llama-2-70b": {"profile": "roofline:llama-2-70b@a100-80gbx2"}},
             }
         if self.sweep == "a10":
             n_a10 = round(A10_REPLICAS * self.a10_share)
@@ -176,6 +227,9 @@ class Plan:
     QLM's per-instance policy (``qlm-rr``), at :data:`A10_RATE`."""
     mega_shares: tuple[float, ...] = ()
     """Fig. 16: W_C at these mega-prompt shares."""
+    large_tails: tuple[float, ...] = (TAIL_SHARE,)
+    """:data:`W_A_LARGE` (the paper's model sizes) at these tail-model shares, at
+    :data:`W_A_LARGE_RATE` (sweep ``large``)."""
     runs: list[Run] = field(default_factory=list)
 
     @classmethod
@@ -206,6 +260,7 @@ class Plan:
             tail_shares=(0.05, 0.1, 0.2),
             a10_shares=(0.0, 0.25, 0.5, 0.75, 1.0),
             mega_shares=(0.0, 0.05, 0.1, 0.2, 0.4),
+            large_tails=(0.05, TAIL_SHARE),
         ).built()
 
     def built(self) -> Plan:
@@ -268,5 +323,10 @@ class Plan:
             Run("W_C", s, mid, MEGA_RATE, d, seed, sweep="mega", mega_share=m)
             for m in self.mega_shares
             for s in ("qlm", "edf", *NAIVE_SWAP, AGENT_ONLY)
+        ]
+        runs += [
+            Run(W_A_LARGE, s, mid, W_A_LARGE_RATE, d, seed, sweep="large", tail_share=t)
+            for t in self.large_tails
+            for s in ("qlm", "qlm-no-warm-start", "edf", *NAIVE_SWAP)
         ]
         return runs

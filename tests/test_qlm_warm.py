@@ -1,0 +1,56 @@
+"""QLM's warm start in bytes (``cluster/qlm/warm.py``): CPU memory capacity, the disk read
+that makes a model warm, and the router parameters' validation."""
+
+import pytest
+
+from sloserve.cluster.qlm import make_qlm_router
+from sloserve.cluster.qlm.warm import GIB, CPUMemory, catalog_weight_bytes
+from sloserve.core.errors import ConfigError
+
+SIZES = {"a": 10 * GIB, "b": 30 * GIB, "c": 5 * GIB}
+
+
+def _mem(cap_gib: float, disk_gib_per_s: float = 1.0) -> CPUMemory:
+    return CPUMemory(cap_gib * GIB, disk_gib_per_s * GIB)
+
+
+def test_a_prefetch_is_warm_only_once_its_disk_read_has_ended() -> None:
+    m = _mem(100)
+    assert m.update(["a", "b"], "gpu", SIZES.__getitem__, 0.0) == set()
+    # one read stream: a (10 s) then b (30 s more)
+    assert m.update(["a", "b"], "gpu", SIZES.__getitem__, 9.9) == set()
+    assert m.update(["a", "b"], "gpu", SIZES.__getitem__, 10.0) == {"a"}
+    assert m.update(["a", "b"], "gpu", SIZES.__getitem__, 39.9) == {"a"}
+    assert m.update(["a", "b"], "gpu", SIZES.__getitem__, 40.0) == {"a", "b"}
+    assert m.bytes_read == 40 * GIB
+
+
+def test_capacity_is_counted_in_bytes_in_queue_order() -> None:
+    m = _mem(16)  # a (10) fits, b (30) does not, c (5) still fits after a
+    m.update(["a", "b", "c"], "gpu", SIZES.__getitem__, 0.0)
+    assert m.update(["a", "b", "c"], "gpu", SIZES.__getitem__, 100.0) == {"a", "c"}
+    # the GPU's model is not held in CPU memory; a model no longer queued is dropped
+    assert m.update(["c"], "a", SIZES.__getitem__, 101.0) == {"c"}
+
+
+def test_a_model_leaving_the_gpu_stays_warm_when_still_queued() -> None:
+    m = _mem(100)
+    m.update(["b"], "a", SIZES.__getitem__, 0.0)
+    assert m.update(["a"], "b", SIZES.__getitem__, 1.0) == {"a"}
+
+
+def test_an_unwanted_read_not_started_is_cancelled() -> None:
+    m = _mem(100)
+    m.update(["b", "a"], "gpu", SIZES.__getitem__, 0.0)  # b 0–30 s, a 30–40 s
+    m.update(["b"], "gpu", SIZES.__getitem__, 1.0)  # a no longer wanted: cancelled
+    assert [r[0] for r in m.reads] == ["b"]
+    assert m.update(["b"], "gpu", SIZES.__getitem__, 30.0) == {"b"}
+
+
+def test_catalog_sizes_and_bad_parameters() -> None:
+    assert catalog_weight_bytes("llama-2-70b") == pytest.approx(137.96e9, rel=1e-3)
+    assert catalog_weight_bytes("no-such-model") is None
+    with pytest.raises(ConfigError, match="cpu_mem_gib"):
+        make_qlm_router("qlm", cpu_mem_gib=-1)
+    with pytest.raises(ConfigError, match="disk_gb_per_s"):
+        make_qlm_router("qlm", disk_gb_per_s=0)
