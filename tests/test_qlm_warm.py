@@ -54,3 +54,25 @@ def test_catalog_sizes_and_bad_parameters() -> None:
         make_qlm_router("qlm", cpu_mem_gib=-1)
     with pytest.raises(ConfigError, match="disk_gb_per_s"):
         make_qlm_router("qlm", disk_gb_per_s=0)
+
+
+def test_reads_into_cpu_memory_go_at_the_clusters_disk_rate_unless_the_router_sets_one() -> None:
+    from sloserve.cluster.qlm.hooks import QLMHooks
+    from sloserve.cluster.qlm.router import NOMINAL_PROFILE
+
+    def hooks(disk: float | None) -> QLMHooks:
+        return QLMHooks(
+            lambda _i: None, lambda _r: NOMINAL_PROFILE, lambda _r, _m: 0.0,
+            disk_gb_per_s=disk,
+        )  # fmt: skip
+
+    default = make_qlm_router("qlm")
+    assert default._new_cpu_memory().disk_bytes_per_s == 2e9  # nothing bound yet
+    default.bind(hooks(0.5))  # cluster.transfer.disk_gb_per_s: 0.5
+    assert default._new_cpu_memory().disk_bytes_per_s == 0.5e9
+    given = make_qlm_router("qlm", disk_gb_per_s=4.0)
+    given.bind(hooks(0.5))  # router_params win
+    assert given._new_cpu_memory().disk_bytes_per_s == 4e9
+    unbound = make_qlm_router("qlm")
+    unbound.bind(hooks(None))
+    assert unbound._new_cpu_memory().disk_bytes_per_s == 2e9

@@ -336,7 +336,12 @@ def qlm_hooks(
         rep = clu.replicas[rid]
         rep.warm_models = models | {rep.spec.model}
 
-    return QLMHooks(by_id.get, profile, swap_s, set_warm)
+    def weight_bytes(model: str) -> float | None:
+        return registry.get(model).weight_bytes if model in registry else None
+
+    return QLMHooks(
+        by_id.get, profile, swap_s, set_warm, weight_bytes, registry.transfer.disk_gb_per_s
+    )
 
 
 def _schedule_watch(

@@ -27,6 +27,9 @@ class QLMHooks:
     weight_bytes: Callable[[str], float | None] | None = None
     """A model's checkpoint bytes as the cluster's registry knows them (``None``: the
     router reads the spec catalog)."""
+    disk_gb_per_s: float | None = None
+    """The cluster's checkpoint read rate (``cluster.transfer.disk_gb_per_s``): the rate
+    of the reads into CPU memory too, unless ``router_params.disk_gb_per_s`` sets one."""
 
 
 @dataclass

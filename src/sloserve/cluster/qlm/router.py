@@ -49,6 +49,7 @@ their model's replicas in rotation, in deadline order, with no plan; without
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -108,6 +109,8 @@ class QLMRouter(Router):
         self._new_cpu_memory = cpu_memory or make_cpu_memory(
             DEFAULT_CPU_MEM_GIB, DEFAULT_DISK_GB_PER_S, None
         )
+        self.disk_rate_given = False
+        """``router_params.disk_gb_per_s`` was set (it wins over the cluster's rate)."""
         self.cpu_mem: dict[int, CPUMemory] = {}
         """Per replica: the model weights in its CPU memory (the warm-start LSO)."""
         self.mode = mode
@@ -132,8 +135,13 @@ class QLMRouter(Router):
         self._turn: dict[str, int] = {}
 
     def bind(self, hooks: QLMHooks) -> None:
-        """Attach the simulation's hooks (before the run starts)."""
+        """Attach the simulation's hooks (before the run starts). Without
+        ``router_params.disk_gb_per_s`` the reads into CPU memory go at the cluster's own
+        checkpoint read rate, the one its model loads are priced at."""
         self.hooks = hooks
+        if hooks.disk_gb_per_s is not None and not self.disk_rate_given:
+            base, rate = self._new_cpu_memory, hooks.disk_gb_per_s * 1e9
+            self._new_cpu_memory = lambda: dataclasses.replace(base(), disk_bytes_per_s=rate)
 
     # ------------------------------------------------------------------ helpers
     def _hw(self, rid: int) -> HardwareProfile:
@@ -537,7 +545,7 @@ def make_qlm_router(
     replan_interval_s: float = 1.0,
     cpu_models: int | None = None,
     cpu_mem_gib: float = DEFAULT_CPU_MEM_GIB,
-    disk_gb_per_s: float = DEFAULT_DISK_GB_PER_S,
+    disk_gb_per_s: float | None = None,
 ) -> QLMRouter:
     """The router (module docstring); every bad parameter is a one-line ConfigError."""
     try:
@@ -552,14 +560,16 @@ def make_qlm_router(
         )
     if cpu_models is not None and (not isinstance(cpu_models, int) or cpu_models < 0):
         raise ConfigError(f"router_params.cpu_models: must be an integer >= 0, got {cpu_models}")
-    memory = make_cpu_memory(cpu_mem_gib, disk_gb_per_s, cpu_models)
+    memory = make_cpu_memory(
+        cpu_mem_gib, DEFAULT_DISK_GB_PER_S if disk_gb_per_s is None else disk_gb_per_s, cpu_models
+    )
     try:
         grouping = GroupingConfig(group_size_factor, avg_batch_size)
         planner = PlannerConfig(time_limit_s, max_milp_vars, node_limit)
         OutputLengthModel(output_mean, output_std, prior_weight)
     except ConfigError as e:
         raise ConfigError(f"router_params.{e}") from None
-    return QLMRouter(
+    router = QLMRouter(
         mode,
         grouping=grouping,
         planner=planner,
@@ -570,3 +580,5 @@ def make_qlm_router(
         replan_interval_s=replan_interval_s,
         cpu_memory=memory,
     )
+    router.disk_rate_given = disk_gb_per_s is not None
+    return router
