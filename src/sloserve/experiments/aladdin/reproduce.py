@@ -60,6 +60,8 @@ class RunStats:
     placements: int = 0
     placement_cpu_s: float = 0.0
     """Aladdin's Algorithm 1 decisions and their CPU seconds (0 for other routers)."""
+    requests: int = 0
+    """Requests in the run (what ``attainment`` is a share of; pooling over seeds)."""
 
     def row(self, rate: float) -> dict[str, float]:
         """The columns a table row gets: attainment, P99 ATGT, and (for Aladdin) the
@@ -125,6 +127,7 @@ def run_stats(
         p99,
         int(getattr(router, "placements", 0)),
         float(getattr(router, "placement_cpu_s", 0.0)),
+        len(res.table),
     )
 
 
