@@ -58,7 +58,8 @@ def aladdin_fit(
     )
     t.add_row(
         "prefill (Eq. 2)",
-        f"t = max({m.k1 * 1e6:.4g} µs·Σl_in + {m.c1 * 1e3:.4g} ms, {m.c0 * 1e3:.4g} ms)",
+        f"t = max({m.k1 * 1e6:.4g} µs·Σl_in + {m.c1 * 1e3:.4g} ms, {m.c0 * 1e3:.4g} ms)"
+        f" (line above {m.knee:g}·floor)",
         f"{m.max_error['prefill']:.1%}",
         f"{m.mean_error['prefill']:.1%}",
     )
