@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import RequestStatus
-from sloserve.engine.interface import PreemptionMode, SchedulerOutput
+from sloserve.engine.interface import PreemptionMode, ScheduledRequest, SchedulerOutput
 from sloserve.engine.kv import KVOp
 
 if TYPE_CHECKING:
@@ -46,10 +46,16 @@ def check_evictions(inst: Instance, out: SchedulerOutput) -> tuple[set[int], set
     return preempted, swapping
 
 
+Split = tuple[list[int], int, list[ScheduledRequest]]
+"""A checked batch's running one-token decodes (ids, in batch order), the sum of their
+contexts, and every other entry in batch order: the instance then walks only the others."""
+
+
 def check_batch(
     inst: Instance, out: SchedulerOutput, preempted: set[int], swapping: set[int]
-) -> tuple[int, int, int]:
-    """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
+) -> tuple[int, int, int, Split | None]:
+    """Validate the batch against C, P, R_max and M; returns (tokens, prefill, admitted,
+    split), ``split`` None when a swap-in or an exact-fit KV manager is involved.
 
     Runs before anything is mutated, so a violation leaves the instance untouched.
     """
@@ -65,9 +71,13 @@ def check_batch(
     bs = inst.limits.block_size
     blocks_needed = kv.blocks_needed
     decode_ids: list[int] = []
+    others: list[ScheduledRequest] = []
+    ctx = 0
+    split = count_blocks and not swapping
     need = 0
     scheduled_swaps: set[int] = set()
-    for r, n in out.batch:
+    for entry in out.batch:
+        r, n = entry
         rid = r.req_id
         if rid in seen:
             raise inst._violation("batch", f"request {rid} appears twice")
@@ -100,8 +110,12 @@ def check_batch(
                 need += -(-(r.num_computed_tokens + n) // bs)
             elif n == 1 and n_out and remaining == 1:
                 decode_ids.append(rid)
+                ctx += r.num_computed_tokens
+                if st is not RUNNING:
+                    split = False  # (not seen: a queued request is never one token short)
             else:
                 need += blocks_needed(rid, n)
+                others.append(entry)
     if tokens > lim.max_batch_tokens:
         raise inst._violation("C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}")
     if prefill > lim.max_prefill_tokens:
@@ -114,7 +128,7 @@ def check_batch(
             "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
         )
     check_memory(inst, out, need, decode_ids, scheduled_swaps)
-    return tokens, prefill, admitted
+    return tokens, prefill, admitted, ((decode_ids, ctx, others) if split else None)
 
 
 def check_memory(

@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sloserve.core.errors import SchedulerViolation, StallError
@@ -303,7 +303,7 @@ class Instance:
             if run is not None:
                 return apply_run(self, out, now, run)
         preempted, swapping = check_evictions(self, out)
-        tokens, prefill, _admitted = check_batch(self, out, preempted, swapping)
+        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
         requeued: list[Request] = []
@@ -341,13 +341,19 @@ class Instance:
         decode_ids: list[int] = []
         allocate = kv.allocate
         RUNNING = RequestStatus.RUNNING
-        for r, n in batch:
+        entries: Sequence[ScheduledRequest] = batch
+        if split is not None:
+            # check_batch sorted the entries (its pass, no swap-in): walk only the others.
+            decode_ids, ctx, entries = split
+        for r, n in entries:
             if r.status is not RUNNING:
                 r.start(now)
                 self.waiting.remove(r)
                 bisect.insort(self.running, r, key=_arrival_key)
             computed = r.num_computed_tokens
-            if r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1:
+            if split is None and (
+                r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1
+            ):
                 decode_ids.append(r.req_id)
                 ctx += computed
             else:
