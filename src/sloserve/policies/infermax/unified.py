@@ -257,7 +257,9 @@ class UnifiedScheduler(Scheduler):
         RUNNING = RequestStatus.RUNNING
         SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
-        for group, all_decode in self._groups(view, key, promised):
+        groups = self._groups(view, key, promised)
+        last = len(groups) - 1
+        for gi, (group, all_decode) in enumerate(groups):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
             if (
@@ -270,11 +272,14 @@ class UnifiedScheduler(Scheduler):
             ):
                 # Every candidate fits whatever its block needs (at most one each): take the
                 # whole group at once. Same result as the loop below, a fraction of the cost.
-                ids = [r.req_id for r in group]
-                st.free_blocks -= kv.decode_blocks_needed(ids)
+                if gi != last:
+                    # (The last group, vLLM's running decodes: nothing after it reads the
+                    # blocks left or what is in the batch, so neither is walked for.)
+                    ids = [r.req_id for r in group]
+                    st.free_blocks -= kv.decode_blocks_needed(ids)
+                    in_batch.update(ids)
                 budget_c -= len(group)
                 batch.extend(self._decode_batch(group))
-                in_batch.update(ids)
                 running_decodes += len(group)
                 batch_decode = batch_decode if batch_decode is not None else True
                 continue
