@@ -249,7 +249,8 @@ class UnifiedScheduler(Scheduler):
         running_decodes = steady_prefills = repeat_reserve = 0
         # Eviction-free variants evict only a running request that outgrew its reservation
         # (a predictor that under-predicted): waiting forever would stall the replica.
-        victims = _Victims(view, rank_key) if cfg.evict or cfg.eviction_free else None
+        can_evict = cfg.evict or cfg.eviction_free
+        victims: _Victims | None = None  # built at the first eviction (most calls have none)
         # One ranked group has no "next group": a candidate that cannot run is skipped.
         skip_on_fail = cfg.groups == "single"
         hybrid = cfg.hybrid
@@ -324,9 +325,10 @@ class UnifiedScheduler(Scheduler):
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
-                    may_evict = victims is not None and (not joining or cfg.evict_for_waiting)
+                    may_evict = can_evict and (not joining or cfg.evict_for_waiting)
                     if may_evict:
-                        assert victims is not None
+                        if victims is None:
+                            victims = _Victims(view, rank_key)
                         room = st.free_blocks + victims.capacity(cand, in_batch, st, kv)
                         while need + margin > st.free_blocks and room >= need + margin:
                             victim = victims.pick(cand, in_batch, st.gone)
