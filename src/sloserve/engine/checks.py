@@ -164,7 +164,6 @@ def check_memory(
                 "CPU swap capacity",
                 f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
             )
-    need += kv.decode_blocks_needed(decode_ids)
     if out.swap_in:
         need += sum(
             kv.swap_in_blocks_needed(r.req_id)
@@ -172,6 +171,9 @@ def check_memory(
             if r.req_id not in scheduled_swaps
         )
     free = kv.num_free_blocks + freed
+    if need + len(decode_ids) <= free:
+        return  # a decode needs at most one block (decode_blocks_needed): no need to count
+    need += kv.decode_blocks_needed(decode_ids)
     if need > free:
         raise inst._violation(
             "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"
