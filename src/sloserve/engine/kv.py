@@ -309,6 +309,16 @@ class PagedKVManager(KVCacheManager):
                 need += -(-t // bs) - len(tables[r])
             if need > len(free):
                 return False
+        if n_new_tokens == 1:
+            # A single step's decodes: a request takes a block exactly when its last one is
+            # full (a table holds ceil(tokens / bs) blocks: check_invariants), so its table
+            # is looked up only then.
+            for r in req_ids:
+                t = tokens[r]
+                tokens[r] = t + 1
+                if not t % bs:
+                    tables[r].append(free.pop())
+            return True
         for r in req_ids:
             t = tokens[r] + n_new_tokens
             tokens[r] = t
