@@ -218,17 +218,14 @@ class UnifiedScheduler(Scheduler):
         # a prompt's blocks when it is admitted, so they are not free for anyone else.
         # Without chunking there are none: a (re)fill is scheduled whole and completes in
         # its iteration (``_groups`` relies on it too), so no pass over the running set.
-        promised = (
-            {
+        promised: dict[int, int] = {}
+        if cfg.chunked_prefill:
+            promised = {
                 r.req_id: blocks_needed(r.req_id, rem)
                 for r in view.running
-                if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens)
-                != 1
+                if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
                 or not r.num_output_tokens
             }
-            if cfg.chunked_prefill
-            else {}
-        )
         st = _State(
             free_blocks=kv.num_free_blocks - sum(promised.values()),
             cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
