@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import RequestStatus
-from sloserve.engine.interface import PreemptionMode, SchedulerOutput
+from sloserve.engine.interface import PreemptionMode, ScheduledRequest, SchedulerOutput
 from sloserve.engine.kv import KVOp
 
 if TYPE_CHECKING:
@@ -46,10 +46,16 @@ def check_evictions(inst: Instance, out: SchedulerOutput) -> tuple[set[int], set
     return preempted, swapping
 
 
+Split = tuple[list[int], int, list[ScheduledRequest]]
+"""A checked batch's running one-token decodes (ids, in batch order), the sum of their
+contexts, and every other entry in batch order: the instance then walks only the others."""
+
+
 def check_batch(
     inst: Instance, out: SchedulerOutput, preempted: set[int], swapping: set[int]
-) -> tuple[int, int, int]:
-    """Validate the batch against C, P and R_max; returns (tokens, prefill, admitted).
+) -> tuple[int, int, int, Split | None]:
+    """Validate the batch against C, P, R_max and M; returns (tokens, prefill, admitted,
+    split), ``split`` None when a swap-in or an exact-fit KV manager is involved.
 
     Runs before anything is mutated, so a violation leaves the instance untouched.
     """
@@ -58,7 +64,20 @@ def check_batch(
     RUNNING = RequestStatus.RUNNING
     seen: set[int] = set()
     tokens = prefill = admitted = 0
-    for r, n in out.batch:
+    # M is counted in this same pass (one walk of the batch per single step, not two); it
+    # is judged only after C, P and R_max, so the first violation named stays the same.
+    kv = inst.kv
+    count_blocks = not kv.exact_fit
+    bs = inst.limits.block_size
+    blocks_needed = kv.blocks_needed
+    decode_ids: list[int] = []
+    others: list[ScheduledRequest] = []
+    ctx = 0
+    split = count_blocks and not swapping
+    need = 0
+    scheduled_swaps: set[int] = set()
+    for entry in out.batch:
+        r, n = entry
         rid = r.req_id
         if rid in seen:
             raise inst._violation("batch", f"request {rid} appears twice")
@@ -85,6 +104,18 @@ def check_batch(
         tokens += n
         if n_out == 0 or remaining > 1:
             prefill += n
+        if count_blocks:  # (blocks_needed changes nothing: safe before a later violation)
+            if swapping and rid in swapping:
+                scheduled_swaps.add(rid)
+                need += -(-(r.num_computed_tokens + n) // bs)
+            elif n == 1 and n_out and remaining == 1:
+                decode_ids.append(rid)
+                ctx += r.num_computed_tokens
+                if st is not RUNNING:
+                    split = False  # (not seen: a queued request is never one token short)
+            else:
+                need += blocks_needed(rid, n)
+                others.append(entry)
     if tokens > lim.max_batch_tokens:
         raise inst._violation("C (max batch tokens)", f"{tokens} tokens > C={lim.max_batch_tokens}")
     if prefill > lim.max_prefill_tokens:
@@ -96,12 +127,22 @@ def check_batch(
         raise inst._violation(
             "R_max (max running)", f"{running_after} running > R_max={lim.max_running}"
         )
-    check_memory(inst, out, swapping)
-    return tokens, prefill, admitted
+    check_memory(inst, out, need, decode_ids, scheduled_swaps)
+    return tokens, prefill, admitted, ((decode_ids, ctx, others) if split else None)
 
 
-def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> None:
-    """M and the CPU tier: everything the output allocates must fit, before any change."""
+def check_memory(
+    inst: Instance,
+    out: SchedulerOutput,
+    need: int,
+    decode_ids: list[int],
+    scheduled_swaps: set[int],
+) -> None:
+    """M and the CPU tier: everything the output allocates must fit, before any change.
+
+    ``need``: the blocks the batch's prefills and swapped-in entries need, ``decode_ids``
+    its one-token decodes, ``scheduled_swaps`` its swapped-in entries (counted by
+    :func:`check_batch`'s pass; unused by an exact-fit manager, which dry-runs instead)."""
     kv = inst.kv
     if kv.exact_fit:
         # Order-exact, CPU tier included (a block count would misjudge shared blocks,
@@ -111,7 +152,6 @@ def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> No
             limit = "CPU swap capacity" if "CPU" in err else "M (KV capacity)"
             raise inst._violation(limit, f"the batch does not fit: {err}")
         return
-    bs = inst.limits.block_size
     freed = 0
     if out.preempt:  # (most single steps evict nothing: no generators built for them)
         freed = sum(kv.num_request_blocks(r.req_id) for r, _m in out.preempt)
@@ -124,24 +164,6 @@ def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> No
                 "CPU swap capacity",
                 f"{to_cpu} blocks to swap out, {cpu.free_blocks if cpu else 0} free on the CPU",
             )
-    decode_ids: list[int] = []
-    need = 0
-    scheduled_swaps: set[int] = set()
-    blocks_needed = kv.blocks_needed
-    for r, n in out.batch:  # hot: one pass per single step (remaining_compute inlined)
-        rid = r.req_id
-        if swapping and rid in swapping:
-            scheduled_swaps.add(rid)
-            need += -(-(r.num_computed_tokens + n) // bs)
-        elif (
-            n == 1
-            and r.num_output_tokens
-            and r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
-        ):
-            decode_ids.append(rid)
-        else:
-            need += blocks_needed(rid, n)
-    need += kv.decode_blocks_needed(decode_ids)
     if out.swap_in:
         need += sum(
             kv.swap_in_blocks_needed(r.req_id)
@@ -149,6 +171,9 @@ def check_memory(inst: Instance, out: SchedulerOutput, swapping: set[int]) -> No
             if r.req_id not in scheduled_swaps
         )
     free = kv.num_free_blocks + freed
+    if need + len(decode_ids) <= free:
+        return  # a decode needs at most one block (decode_blocks_needed): no need to count
+    need += kv.decode_blocks_needed(decode_ids)
     if need > free:
         raise inst._violation(
             "M (KV capacity)", f"the batch needs {need} KV blocks, {free} would be free"

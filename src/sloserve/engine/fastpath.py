@@ -178,7 +178,9 @@ def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pe
         raise inst._violation(
             "batch", f"cost model {inst.cost_model.name!r} priced the batch at {first}s"
         )
-    return inst._record(out.batch, ends, stats.total_tokens, now, kv_before, fast=True)
+    return inst._record(
+        out.batch, ends, stats.total_tokens, now, kv_before, fast=True, decodes=not run.prefills
+    )
 
 
 def kv_blocks_at(inst: Instance, now: float) -> int:

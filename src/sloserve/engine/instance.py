@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sloserve.core.errors import SchedulerViolation, StallError
@@ -74,6 +74,9 @@ class _Pending:
     busy_before: float = 0.0
     """Busy time before this run: a cut run's busy time is recomputed from it (the very
     float a run planned to stop there would have given)."""
+    decodes: bool = False
+    """A fast run whose every entry is a one-token decode (:func:`plan_run` sorted them):
+    its tokens are delivered without sorting the entries again."""
 
 
 class Instance:
@@ -285,7 +288,13 @@ class Instance:
         self.trace.steps[-1] = keep
         self.trace.duration[-1] = ends[keep - 1] - start
         self.env.cancel(pending.event)
-        short = _Pending(pending.batch, ends[:keep], True, busy_before=pending.busy_before)
+        short = _Pending(
+            pending.batch,
+            ends[:keep],
+            True,
+            busy_before=pending.busy_before,
+            decodes=pending.decodes,
+        )
         self._pending = short
         short.event = self.env.schedule(
             short.ends[-1], functools.partial(self._complete, short), PRIO_ITERATION
@@ -303,7 +312,7 @@ class Instance:
             if run is not None:
                 return apply_run(self, out, now, run)
         preempted, swapping = check_evictions(self, out)
-        tokens, prefill, _admitted = check_batch(self, out, preempted, swapping)
+        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping)
         kv = self.kv
         swap_tokens = 0
         requeued: list[Request] = []
@@ -341,13 +350,19 @@ class Instance:
         decode_ids: list[int] = []
         allocate = kv.allocate
         RUNNING = RequestStatus.RUNNING
-        for r, n in batch:
+        entries: Sequence[ScheduledRequest] = batch
+        if split is not None:
+            # check_batch sorted the entries (its pass, no swap-in): walk only the others.
+            decode_ids, ctx, entries = split
+        for r, n in entries:
             if r.status is not RUNNING:
                 r.start(now)
                 self.waiting.remove(r)
                 bisect.insort(self.running, r, key=_arrival_key)
             computed = r.num_computed_tokens
-            if r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1:
+            if split is None and (
+                r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1
+            ):
                 decode_ids.append(r.req_id)
                 ctx += computed
             else:
@@ -393,6 +408,7 @@ class Instance:
         kv_used: int,
         *,
         fast: bool,
+        decodes: bool = False,
     ) -> _Pending:
         """Sample the trace (KV use as the decision found it, before the batch grows it:
         the same in single steps and fast-forwarded runs) and build the pending batch."""
@@ -411,7 +427,7 @@ class Instance:
         self.busy_time += ends[-1] - now
         if self.debug_checks:
             kv.check_invariants()
-        return _Pending(batch, ends, fast, busy_before=busy_before)
+        return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes)
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
@@ -431,7 +447,21 @@ class Instance:
         first = len(self.iter_end)
         self.iter_end.extend(ends)
         finished: list[Request] = []
-        if pending.fast:
+        if pending.decodes:
+            last = first + k - 1
+            for r, _n in pending.batch:  # the loop below without its decode test
+                r.num_computed_tokens += k
+                n_out = r.num_output_tokens + k
+                r.num_output_tokens = n_out
+                runs = r.token_runs
+                if runs and runs[-1] == first - 1:
+                    runs[-1] = last
+                else:
+                    runs.append(first)
+                    runs.append(last)
+                if n_out >= r.true_output_len:
+                    finished.append(r)
+        elif pending.fast:
             last = first + k - 1
             for r, n in pending.batch:
                 if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1:

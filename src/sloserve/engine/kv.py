@@ -277,7 +277,7 @@ class PagedKVManager(KVCacheManager):
         if tokens < 0:
             raise KVInvariantError(f"request {req_id}: cannot shrink by {n_tokens} tokens")
         table = self._tables[req_id]
-        extra = self.shrink_blocks(req_id, n_tokens)
+        extra = len(table) - -(-tokens // self.block_size)  # shrink_blocks, inlined (hot)
         if extra > 0:
             # Back on the free list in the order they were taken from it.
             self._free.extend(reversed(table[-extra:]))
@@ -309,6 +309,16 @@ class PagedKVManager(KVCacheManager):
                 need += -(-t // bs) - len(tables[r])
             if need > len(free):
                 return False
+        if n_new_tokens == 1:
+            # A single step's decodes: a request takes a block exactly when its last one is
+            # full (a table holds ceil(tokens / bs) blocks: check_invariants), so its table
+            # is looked up only then.
+            for r in req_ids:
+                t = tokens[r]
+                tokens[r] = t + 1
+                if not t % bs:
+                    tables[r].append(free.pop())
+            return True
         for r in req_ids:
             t = tokens[r] + n_new_tokens
             tokens[r] = t

@@ -216,12 +216,16 @@ class UnifiedScheduler(Scheduler):
         blocks_needed = kv.blocks_needed
         # Blocks still owed to running requests part-way through a (re)fill: vLLM allocates
         # a prompt's blocks when it is admitted, so they are not free for anyone else.
-        promised = {
-            r.req_id: blocks_needed(r.req_id, rem)
-            for r in view.running
-            if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
-            or not r.num_output_tokens
-        }
+        # Without chunking there are none: a (re)fill is scheduled whole and completes in
+        # its iteration (``_groups`` relies on it too), so no pass over the running set.
+        promised: dict[int, int] = {}
+        if cfg.chunked_prefill:
+            promised = {
+                r.req_id: blocks_needed(r.req_id, rem)
+                for r in view.running
+                if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
+                or not r.num_output_tokens
+            }
         st = _State(
             free_blocks=kv.num_free_blocks - sum(promised.values()),
             cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
@@ -242,7 +246,8 @@ class UnifiedScheduler(Scheduler):
         running_decodes = steady_prefills = repeat_reserve = 0
         # Eviction-free variants evict only a running request that outgrew its reservation
         # (a predictor that under-predicted): waiting forever would stall the replica.
-        victims = _Victims(view, rank_key) if cfg.evict or cfg.eviction_free else None
+        can_evict = cfg.evict or cfg.eviction_free
+        victims: _Victims | None = None  # built at the first eviction (most calls have none)
         # One ranked group has no "next group": a candidate that cannot run is skipped.
         skip_on_fail = cfg.groups == "single"
         hybrid = cfg.hybrid
@@ -250,7 +255,9 @@ class UnifiedScheduler(Scheduler):
         RUNNING = RequestStatus.RUNNING
         SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
-        for group, all_decode in self._groups(view, key, promised):
+        groups = self._groups(view, key, promised)
+        last = len(groups) - 1
+        for gi, (group, all_decode) in enumerate(groups):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
             if (
@@ -263,11 +270,14 @@ class UnifiedScheduler(Scheduler):
             ):
                 # Every candidate fits whatever its block needs (at most one each): take the
                 # whole group at once. Same result as the loop below, a fraction of the cost.
-                ids = [r.req_id for r in group]
-                st.free_blocks -= kv.decode_blocks_needed(ids)
+                if gi != last:
+                    # (The last group, vLLM's running decodes: nothing after it reads the
+                    # blocks left or what is in the batch, so neither is walked for.)
+                    ids = [r.req_id for r in group]
+                    st.free_blocks -= kv.decode_blocks_needed(ids)
+                    in_batch.update(ids)
                 budget_c -= len(group)
                 batch.extend(self._decode_batch(group))
-                in_batch.update(ids)
                 running_decodes += len(group)
                 batch_decode = batch_decode if batch_decode is not None else True
                 continue
@@ -312,9 +322,10 @@ class UnifiedScheduler(Scheduler):
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
-                    may_evict = victims is not None and (not joining or cfg.evict_for_waiting)
+                    may_evict = can_evict and (not joining or cfg.evict_for_waiting)
                     if may_evict:
-                        assert victims is not None
+                        if victims is None:
+                            victims = _Victims(view, rank_key)
                         room = st.free_blocks + victims.capacity(cand, in_batch, st, kv)
                         while need + margin > st.free_blocks and room >= need + margin:
                             victim = victims.pick(cand, in_batch, st.gone)
