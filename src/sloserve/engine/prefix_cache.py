@@ -116,10 +116,19 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        # key -> the unit's blocks (cached units). Tuples, not lists: the garbage collector
-        # stops tracking a tuple of ints, and ~280k units are cached on a long trace.
-        self._index: dict[int, tuple[int, ...]] = {}
-        self._ref: dict[int, int] = {}  # key -> requests holding it
+        # Cached units. A referenced unit's blocks are where its holders' tables have them:
+        # ``_index`` maps its key to one such place, (request, the unit's position in its
+        # table) — ints, so that the garbage collector does not track ~280k entries —, or,
+        # once that request freed its table while others hold the unit, ``_orphans`` keeps
+        # the unit's blocks. An unreferenced unit's blocks are *anonymous*: they lie on the
+        # free list, which then holds ``unit_blocks * len(_lru)`` blocks more than the truly
+        # free ones (``_spare``), and its ``_index`` entry is stale. Which block ids a unit
+        # has never changes a result, only how many: keeping them anonymous lets eviction
+        # move no block id and release return a table as the plain manager does (on the
+        # full Mooncake trace, ~245k evictions of 32 block ids each).
+        self._index: dict[int, tuple[int, int]] = {}
+        self._orphans: dict[int, tuple[int, ...]] = {}
+        self._ref: dict[int, int] = {}  # key -> requests holding it (every cached unit)
         self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
         self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
@@ -148,19 +157,24 @@ class PrefixCachingKVManager(PagedKVManager):
     # ------------------------------------------------------------------ capacity
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._lru) * self.unit_blocks
+        return len(self._free)  # truly free + unreferenced cached units' (constructor)
 
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks of cached units nobody references (evictable)."""
+        """Blocks of cached units nobody references (evictable; on the free list)."""
         return len(self._lru) * self.unit_blocks
 
+    @property
+    def _spare(self) -> int:
+        """Blocks on the free list that no cached unit stands for (truly free)."""
+        return len(self._free) - len(self._lru) * self.unit_blocks
+
     def _reclaim(self, need: int) -> None:
-        """Evict LRU cached units until ``need`` blocks are on the free list (or none is
-        left to evict)."""
-        free, lru, index, ref = self._free, self._lru, self._index, self._ref
+        """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
+        evict). Their blocks are on the free list already: only the keys go."""
+        lru, index, ref = self._lru, self._index, self._ref
         # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
-        n = min(len(lru), -(-(need - len(free)) // self.unit_blocks))
+        n = min(len(lru), -(-(need - self._spare) // self.unit_blocks))
         if n <= 0:
             return
         self.evicted_units += n
@@ -168,8 +182,7 @@ class PrefixCachingKVManager(PagedKVManager):
         popitem = lru.popitem
         for _ in range(n):
             key = popitem(last=False)[0]
-            free.extend(index.pop(key))
-            del ref[key]
+            del index[key], ref[key]
             if host is not None:
                 host[key] = None
                 host.move_to_end(key)
@@ -192,37 +205,45 @@ class PrefixCachingKVManager(PagedKVManager):
             raise KVInvariantError(f"request {rid} looked up its prefix while holding KV")
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
-        index, ref, lru = self._index, self._ref, self._lru
+        index, ref, lru, free = self._index, self._ref, self._lru, self._free
         table = self._tables.get(rid, [])
-        for key in keys[start:most]:
-            blocks = index.get(key)
-            if blocks is None:
-                break
-            if ref[key] == 0:
-                del lru[key]
-            ref[key] += 1
-            held.append(key)
-            table.extend(blocks)
-        gpu = len(held)
         held = list(held)
+        u = self.unit_blocks
+        for key in keys[start:most]:
+            c = ref.get(key)
+            if c is None:
+                break
+            if c:  # its blocks are where a holder has them
+                orphan = self._orphans.get(key)
+                if orphan is None:
+                    at, i = index[key]
+                    table.extend(self._tables[at][i * u : (i + 1) * u])
+                else:
+                    table.extend(orphan)
+            else:  # anonymous on the free list: any of them will do (constructor)
+                del lru[key]
+                index[key] = (rid, len(held))
+                table.extend(free[-u:])
+                del free[-u:]
+            ref[key] = c + 1
+            held.append(key)
+        gpu = len(held)
         if self._host and gpu < most:
-            u = self.unit_blocks
             host = self._host
             for key in keys[gpu:most]:
                 # Room for the copy without evicting what this request holds or needs.
-                if key not in host or len(self._free) + len(lru) * u < u:
+                if key not in host or len(free) < u:
                     break
                 del host[key]  # out while making room, so that room is not made with it
                 self._reclaim(u)
                 host[key] = None  # the host copy stays (newest), as LMCache keeps it
                 if len(host) > self.cpu_cache_units:
                     host.popitem(last=False)
-                blocks = tuple(self._free[-u:])
-                del self._free[-u:]
-                index[key] = blocks
+                index[key] = (rid, len(held))
                 ref[key] = 1
                 held.append(key)
-                table.extend(blocks)
+                table.extend(free[-u:])
+                del free[-u:]
         cpu = len(held) - gpu
         gained = (len(held) - start) * self.unit_tokens
         looked = 0 if start else req.num_prompt_tokens  # a refresh looks up nothing new
@@ -280,20 +301,19 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         if held is None:
             held = self._held[rid] = []
-        table = self._tables[rid]
-        u = self.unit_blocks
         index, ref = self._index, self._ref
         for i in range(k, full):
             key = keys[i]
-            if key in index:  # computed by another request too: ours stays private
+            if key in ref:  # computed by another request too: ours stays private
                 self._open.discard(rid)
-                return
-            index[key] = tuple(table[i * u : (i + 1) * u])
+                break
+            index[key] = (rid, i)
             ref[key] = 1
             held.append(key)
-            self.registered += 1
-        if full == len(keys):
-            self._open.discard(rid)
+        else:
+            if full == len(keys):
+                self._open.discard(rid)
+        self.registered += len(held) - k
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
@@ -302,8 +322,8 @@ class PrefixCachingKVManager(PagedKVManager):
             need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - (
                 len(table) if table is not None else 0
             )
-            if need > len(self._free):
-                if need > self.num_free_blocks:
+            if need > len(self._free) - len(self._lru) * self.unit_blocks:  # truly free
+                if need > len(self._free):
                     return None
                 self._reclaim(need)
         new = super().allocate(req_id, n_new_tokens)
@@ -313,9 +333,12 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
         # Decodes grow past the prompt: nothing to register, only room to make.
-        if self._lru and len(self._free) < len(req_ids) * (n_new_tokens // self.block_size + 1):
+        lru = self._lru
+        if lru and len(self._free) - len(lru) * self.unit_blocks < len(req_ids) * (
+            n_new_tokens // self.block_size + 1
+        ):
             need = sum(self.blocks_needed(r, n_new_tokens) for r in req_ids)
-            if need > self.num_free_blocks:
+            if need > len(self._free):
                 return False
             self._reclaim(need)
         return super().grow_many(req_ids, n_new_tokens)
@@ -335,7 +358,8 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().free(req_id)
         table = self._tables.pop(req_id)
         self._tokens.pop(req_id, None)
-        ref, lru = self._ref, self._lru
+        ref, lru, free = self._ref, self._lru, self._free
+        released = 0
         for key in reversed(held):  # the tail is evicted first
             c = ref[key] - 1
             if c < 0:
@@ -343,8 +367,31 @@ class PrefixCachingKVManager(PagedKVManager):
             ref[key] = c
             if c == 0:
                 lru[key] = None
-        self._free.extend(table[len(held) * self.unit_blocks :])
+                released += 1
+        orphans = self._orphans
+        if orphans:  # an unreferenced unit keeps no blocks of its own
+            for key in held:
+                if not ref[key]:
+                    orphans.pop(key, None)
+        if released == len(held):  # the usual case: it alone held them
+            free.extend(table)  # every block, the units' anonymous (constructor)
+            return len(table)
+        u, index = self.unit_blocks, self._index
+        for i, key in enumerate(held):
+            if not ref[key]:  # its blocks join the free list, anonymous
+                free.extend(table[i * u : (i + 1) * u])
+            elif index[key][0] == req_id and key not in orphans:  # the others keep them
+                orphans[key] = tuple(table[i * u : (i + 1) * u])
+        free.extend(table[len(held) * u :])
         return len(table)
+
+    def shrink(self, req_id: int, n_tokens: int) -> None:
+        # The engine cuts a fast-forwarded run before it retires: its tokens are past every
+        # unit the request holds. Cutting into one would free blocks others may share.
+        held = self._held.get(req_id)
+        if held and self._tokens[req_id] - n_tokens < len(held) * self.unit_tokens:
+            raise KVInvariantError(f"request {req_id}: shrinking would cut a cached unit")
+        super().shrink(req_id, n_tokens)
 
     def forget(self, req_id: int) -> None:
         self._keys.pop(req_id, None)
@@ -374,7 +421,7 @@ class PrefixCachingKVManager(PagedKVManager):
     def swap_in(self, req_id: int) -> int | None:
         tokens, blocks = self._swapped[req_id]
         need = self._blocks_for(tokens)
-        if need > self.num_free_blocks:
+        if need > len(self._free):
             return None
         self._reclaim(need)
         del self._swapped[req_id]
@@ -393,14 +440,16 @@ class PrefixCachingKVManager(PagedKVManager):
                 raise KVInvariantError(f"block {b} is both {owner[b]} and {who}")
             owner[b] = who
 
+        # Unreferenced cached units' blocks are on the free list (constructor).
         for b in self._free:
             own(b, "free")
-        refs: dict[int, int] = dict.fromkeys(self._index, 0)
-        for key, blocks in self._index.items():
-            if len(blocks) != u:
-                raise KVInvariantError(f"cached unit {key} has {len(blocks)} blocks, not {u}")
-            for b in blocks:
-                own(b, f"in cached unit {key}")
+        if self._spare < 0:
+            raise KVInvariantError(
+                f"{len(self._lru)} unreferenced cached units, {len(self._free)} free blocks"
+            )
+        if self._index.keys() != self._ref.keys():
+            raise KVInvariantError("cached units without a count, or counts without a unit")
+        refs: dict[int, int] = dict.fromkeys(self._ref, 0)
         for rid, table in self._tables.items():
             held = self._held.get(rid, [])
             if len(table) != self._blocks_for(self._tokens[rid]):
@@ -408,16 +457,30 @@ class PrefixCachingKVManager(PagedKVManager):
                     f"request {rid}: {len(table)} blocks for {self._tokens[rid]} tokens"
                 )
             for i, key in enumerate(held):
-                if key not in self._index or tuple(table[i * u : (i + 1) * u]) != self._index[key]:
+                if key not in self._index:
+                    raise KVInvariantError(f"request {rid}: unit {i} ({key}) is not cached")
+                at, j = self._index[key]
+                blocks = table[i * u : (i + 1) * u]
+                there = self._orphans.get(key)
+                if there is None:
+                    if at not in self._tables:
+                        raise KVInvariantError(f"cached unit {key}: its blocks are nowhere")
+                    there = tuple(self._tables[at][j * u : (j + 1) * u])
+                if len(blocks) != u or there != tuple(blocks):
                     raise KVInvariantError(f"request {rid}: unit {i} is not cached unit {key}")
+                if not refs[key]:  # a shared unit's blocks are owned once
+                    for b in blocks:
+                        own(b, f"in cached unit {key}")
                 refs[key] += 1
             for b in table[len(held) * u :]:
                 own(b, f"private to request {rid}")
+        if any(self._ref[key] == 0 for key in self._orphans):
+            raise KVInvariantError("an unreferenced cached unit keeps blocks of its own")
         if set(self._held) - set(self._tables):
             raise KVInvariantError("a request holds cached units but no blocks")
         for key, n in refs.items():
-            if self._ref.get(key) != n:
-                raise KVInvariantError(f"cached unit {key}: count {self._ref.get(key)}, held {n}")
+            if self._ref[key] != n:
+                raise KVInvariantError(f"cached unit {key}: count {self._ref[key]}, held {n}")
             if (n == 0) != (key in self._lru):
                 raise KVInvariantError(f"cached unit {key}: {n} holders, LRU {key in self._lru}")
         if len(self._lru) != sum(1 for n in refs.values() if n == 0):
