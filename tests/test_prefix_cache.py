@@ -122,8 +122,8 @@ def test_invariant_check_catches_a_corrupted_reference_count() -> None:
     kv = mgr()
     kv.lookup_prefix(rq(1, (1, 2), 17))
     grow(kv, 1, 17)
-    key = next(iter(kv._ref))
-    kv._ref[key] += 1
+    key = next(iter(kv._state))
+    kv._state[key] += 1  # one holder more than hold it
     with pytest.raises(KVInvariantError):
         kv.check_invariants()
 
@@ -178,7 +178,7 @@ def test_blocks_are_conserved_and_counts_never_negative(
                 with pytest.raises(KVInvariantError):
                     kv.shrink(rid, n)
         kv.check_invariants()
-        assert all(c >= 0 for c in kv._ref.values())
+        assert all(c >= 0 for c in kv.reference_counts().values())
         # Conserved: free + cached-unreferenced + in use (each shared block once) = total;
         # unreferenced cached units' blocks lie on the free list (anonymous), so the truly
         # free ones are the rest of it.

@@ -70,6 +70,12 @@ SOURCE_BLOCK_TOKENS = 512
 
 _MIX = 0x9E3779B97F4A7C15
 
+_ONE = 1 << 20
+"""A referenced unit's state (constructor): holders in the low 20 bits, then its position
+in the table that locates it (20 bits), then that request's id."""
+_MASK = _ONE - 1
+_COMPACT = 4096  # LRU list entries consumed before the list drops them
+
 
 @functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
 def unit_keys(
@@ -116,20 +122,25 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        # Cached units. A referenced unit's blocks are where its holders' tables have them:
-        # ``_index`` maps its key to one such place, (request, the unit's position in its
-        # table) — ints, so that the garbage collector does not track ~280k entries —, or,
-        # once that request freed its table while others hold the unit, ``_orphans`` keeps
-        # the unit's blocks. An unreferenced unit's blocks are *anonymous*: they lie on the
-        # free list, which then holds ``unit_blocks * len(_lru)`` blocks more than the truly
-        # free ones (``_spare``), and its ``_index`` entry is stale. Which block ids a unit
-        # has never changes a result, only how many: keeping them anonymous lets eviction
-        # move no block id and release return a table as the plain manager does (on the
-        # full Mooncake trace, ~245k evictions of 32 block ids each).
-        self._index: dict[int, tuple[int, int]] = {}
+        # Cached units: one int per key in ``_state`` (one dictionary operation per unit
+        # registered, released or evicted — the cost of caching is these operations).
+        # - Referenced (> 0): holders + _ONE * (position + _ONE * request): its blocks are
+        #   where that request's table has that unit (the holders share them), or, once that
+        #   request freed its table while others hold the unit, in ``_orphans``.
+        # - Unreferenced (< 0): ``~stamp``, its place in the LRU list ``_lru_keys``
+        #   (absolute: ``_lru_base`` is the stamp of the list's first entry). A unit hit
+        #   again leaves a stale entry there (its state no longer names that stamp), which
+        #   eviction skips, so the list is the LRU order of the unreferenced units.
+        #   Its blocks are *anonymous*: they lie on the free list, which then holds
+        #   ``unit_blocks * _cached`` blocks more than the truly free ones (``_spare``).
+        #   Which block ids a unit has never changes a result, only how many: eviction then
+        #   moves no block id and release returns a table as the plain manager does.
+        self._state: dict[int, int] = {}
         self._orphans: dict[int, tuple[int, ...]] = {}
-        self._ref: dict[int, int] = {}  # key -> requests holding it (every cached unit)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
+        self._lru_keys: list[int] = []
+        self._lru_head = 0  # the list's first entry eviction has not consumed
+        self._lru_base = 0
+        self._cached = 0  # unreferenced cached units
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
         self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
         self._held: dict[int, list[int]] = {}  # request -> keys it references (a prefix)
@@ -162,32 +173,44 @@ class PrefixCachingKVManager(PagedKVManager):
     @property
     def num_cached_blocks(self) -> int:
         """Blocks of cached units nobody references (evictable; on the free list)."""
-        return len(self._lru) * self.unit_blocks
+        return self._cached * self.unit_blocks
 
     @property
     def _spare(self) -> int:
         """Blocks on the free list that no cached unit stands for (truly free)."""
-        return len(self._free) - len(self._lru) * self.unit_blocks
+        return len(self._free) - self._cached * self.unit_blocks
+
+    def reference_counts(self) -> dict[int, int]:
+        """Holders of every cached unit, by key (0: cached, unreferenced)."""
+        return {key: v & _MASK if v > 0 else 0 for key, v in self._state.items()}
 
     def _reclaim(self, need: int) -> None:
         """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
         evict). Their blocks are on the free list already: only the keys go."""
-        lru, index, ref = self._lru, self._index, self._ref
         # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
-        n = min(len(lru), -(-(need - self._spare) // self.unit_blocks))
+        n = min(self._cached, -(-(need - self._spare) // self.unit_blocks))
         if n <= 0:
             return
         self.evicted_units += n
+        self._cached -= n
         host = self._host if self.cpu_cache_units else None
-        popitem = lru.popitem
-        for _ in range(n):
-            key = popitem(last=False)[0]
-            del index[key], ref[key]
-            if host is not None:
-                host[key] = None
-                host.move_to_end(key)
-                if len(host) > self.cpu_cache_units:
-                    host.popitem(last=False)
+        state, lst, i, base = self._state, self._lru_keys, self._lru_head, self._lru_base
+        while n:
+            key = lst[i]
+            if state.get(key) == ~(base + i):  # else: a stale entry (the unit was hit)
+                del state[key]
+                n -= 1
+                if host is not None:
+                    host[key] = None
+                    host.move_to_end(key)
+                    if len(host) > self.cpu_cache_units:
+                        host.popitem(last=False)
+            i += 1
+        if i > _COMPACT and 2 * i > len(lst):
+            del lst[:i]
+            self._lru_base += i
+            i = 0
+        self._lru_head = i
 
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
@@ -205,27 +228,28 @@ class PrefixCachingKVManager(PagedKVManager):
             raise KVInvariantError(f"request {rid} looked up its prefix while holding KV")
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
-        index, ref, lru, free = self._index, self._ref, self._lru, self._free
+        state, free = self._state, self._free
         table = self._tables.get(rid, [])
         held = list(held)
         u = self.unit_blocks
+        me = rid * _ONE
         for key in keys[start:most]:
-            c = ref.get(key)
-            if c is None:
+            v = state.get(key)
+            if v is None:
                 break
-            if c:  # its blocks are where a holder has them
+            if v > 0:  # its blocks are where a holder has them
                 orphan = self._orphans.get(key)
                 if orphan is None:
-                    at, i = index[key]
-                    table.extend(self._tables[at][i * u : (i + 1) * u])
+                    i = (v >> 20) & _MASK
+                    table.extend(self._tables[v >> 40][i * u : (i + 1) * u])
                 else:
                     table.extend(orphan)
+                state[key] = v + 1
             else:  # anonymous on the free list: any of them will do (constructor)
-                del lru[key]
-                index[key] = (rid, len(held))
+                self._cached -= 1  # its LRU entry is stale now
+                state[key] = 1 + _ONE * (len(held) + me)
                 table.extend(free[-u:])
                 del free[-u:]
-            ref[key] = c + 1
             held.append(key)
         gpu = len(held)
         if self._host and gpu < most:
@@ -239,8 +263,7 @@ class PrefixCachingKVManager(PagedKVManager):
                 host[key] = None  # the host copy stays (newest), as LMCache keeps it
                 if len(host) > self.cpu_cache_units:
                     host.popitem(last=False)
-                index[key] = (rid, len(held))
-                ref[key] = 1
+                state[key] = 1 + _ONE * (len(held) + me)
                 held.append(key)
                 table.extend(free[-u:])
                 del free[-u:]
@@ -263,10 +286,10 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
-        index, host = self._index, self._host
+        state, host = self._state, self._host
         n = 0
         for key in keys:
-            if key not in index and key not in host:
+            if key not in state and key not in host:
                 break
             n += 1
         return n * self.unit_tokens
@@ -301,14 +324,14 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         if held is None:
             held = self._held[rid] = []
-        index, ref = self._index, self._ref
+        state = self._state
+        me = rid * _ONE
         for i in range(k, full):
             key = keys[i]
-            if key in ref:  # computed by another request too: ours stays private
+            if key in state:  # computed by another request too: ours stays private
                 self._open.discard(rid)
                 break
-            index[key] = (rid, i)
-            ref[key] = 1
+            state[key] = 1 + _ONE * (i + me)
             held.append(key)
         else:
             if full == len(keys):
@@ -317,12 +340,12 @@ class PrefixCachingKVManager(PagedKVManager):
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
-        if self._lru:
+        if self._cached:
             table = self._tables.get(req_id)
             need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - (
                 len(table) if table is not None else 0
             )
-            if need > len(self._free) - len(self._lru) * self.unit_blocks:  # truly free
+            if need > len(self._free) - self._cached * self.unit_blocks:  # truly free
                 if need > len(self._free):
                     return None
                 self._reclaim(need)
@@ -333,8 +356,8 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
         # Decodes grow past the prompt: nothing to register, only room to make.
-        lru = self._lru
-        if lru and len(self._free) - len(lru) * self.unit_blocks < len(req_ids) * (
+        cached = self._cached
+        if cached and len(self._free) - cached * self.unit_blocks < len(req_ids) * (
             n_new_tokens // self.block_size + 1
         ):
             need = sum(self.blocks_needed(r, n_new_tokens) for r in req_ids)
@@ -358,29 +381,34 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().free(req_id)
         table = self._tables.pop(req_id)
         self._tokens.pop(req_id, None)
-        ref, lru, free = self._ref, self._lru, self._free
-        released = 0
+        state, free, lst = self._state, self._free, self._lru_keys
+        first = stamp = self._lru_base + len(lst)
         for key in reversed(held):  # the tail is evicted first
-            c = ref[key] - 1
-            if c < 0:
-                raise KVInvariantError(f"cached unit {key} referenced {c} times")
-            ref[key] = c
-            if c == 0:
-                lru[key] = None
-                released += 1
+            v = state[key] - 1
+            if v < 0:
+                raise KVInvariantError(f"cached unit {key} released while unreferenced")
+            if v & _MASK:
+                state[key] = v
+            else:  # unreferenced: the newest in the LRU list
+                state[key] = ~stamp
+                lst.append(key)
+                stamp += 1
+        released = stamp - first
+        self._cached += released
         orphans = self._orphans
         if orphans:  # an unreferenced unit keeps no blocks of its own
             for key in held:
-                if not ref[key]:
+                if state[key] < 0:
                     orphans.pop(key, None)
         if released == len(held):  # the usual case: it alone held them
             free.extend(table)  # every block, the units' anonymous (constructor)
             return len(table)
-        u, index = self.unit_blocks, self._index
+        u = self.unit_blocks
         for i, key in enumerate(held):
-            if not ref[key]:  # its blocks join the free list, anonymous
+            v = state[key]
+            if v < 0:  # its blocks join the free list, anonymous
                 free.extend(table[i * u : (i + 1) * u])
-            elif index[key][0] == req_id and key not in orphans:  # the others keep them
+            elif v >> 40 == req_id and key not in orphans:  # the others keep them
                 orphans[key] = tuple(table[i * u : (i + 1) * u])
         free.extend(table[len(held) * u :])
         return len(table)
@@ -406,8 +434,8 @@ class PrefixCachingKVManager(PagedKVManager):
         held = self._held.get(req_id)
         if not held:
             return len(table)
-        ref = self._ref
-        return len(table) - self.unit_blocks * sum(1 for key in held if ref[key] > 1)
+        state = self._state
+        return len(table) - self.unit_blocks * sum(1 for key in held if state[key] & _MASK > 1)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         table = self._tables.get(req_id)
@@ -432,62 +460,9 @@ class PrefixCachingKVManager(PagedKVManager):
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
-        u = self.unit_blocks
-        owner: dict[int, str] = {}
+        from sloserve.engine.prefix_checks import check_prefix_cache
 
-        def own(b: int, who: str) -> None:
-            if b in owner:
-                raise KVInvariantError(f"block {b} is both {owner[b]} and {who}")
-            owner[b] = who
-
-        # Unreferenced cached units' blocks are on the free list (constructor).
-        for b in self._free:
-            own(b, "free")
-        if self._spare < 0:
-            raise KVInvariantError(
-                f"{len(self._lru)} unreferenced cached units, {len(self._free)} free blocks"
-            )
-        if self._index.keys() != self._ref.keys():
-            raise KVInvariantError("cached units without a count, or counts without a unit")
-        refs: dict[int, int] = dict.fromkeys(self._ref, 0)
-        for rid, table in self._tables.items():
-            held = self._held.get(rid, [])
-            if len(table) != self._blocks_for(self._tokens[rid]):
-                raise KVInvariantError(
-                    f"request {rid}: {len(table)} blocks for {self._tokens[rid]} tokens"
-                )
-            for i, key in enumerate(held):
-                if key not in self._index:
-                    raise KVInvariantError(f"request {rid}: unit {i} ({key}) is not cached")
-                at, j = self._index[key]
-                blocks = table[i * u : (i + 1) * u]
-                there = self._orphans.get(key)
-                if there is None:
-                    if at not in self._tables:
-                        raise KVInvariantError(f"cached unit {key}: its blocks are nowhere")
-                    there = tuple(self._tables[at][j * u : (j + 1) * u])
-                if len(blocks) != u or there != tuple(blocks):
-                    raise KVInvariantError(f"request {rid}: unit {i} is not cached unit {key}")
-                if not refs[key]:  # a shared unit's blocks are owned once
-                    for b in blocks:
-                        own(b, f"in cached unit {key}")
-                refs[key] += 1
-            for b in table[len(held) * u :]:
-                own(b, f"private to request {rid}")
-        if any(self._ref[key] == 0 for key in self._orphans):
-            raise KVInvariantError("an unreferenced cached unit keeps blocks of its own")
-        if set(self._held) - set(self._tables):
-            raise KVInvariantError("a request holds cached units but no blocks")
-        for key, n in refs.items():
-            if self._ref[key] != n:
-                raise KVInvariantError(f"cached unit {key}: count {self._ref[key]}, held {n}")
-            if (n == 0) != (key in self._lru):
-                raise KVInvariantError(f"cached unit {key}: {n} holders, LRU {key in self._lru}")
-        if len(self._lru) != sum(1 for n in refs.values() if n == 0):
-            raise KVInvariantError("the LRU list holds units that are not cached")
-        if len(self._host) > self.cpu_cache_units:
-            raise KVInvariantError(f"CPU cache holds {len(self._host)} units, over capacity")
-        self._check_accounting(owner)
+        self._check_accounting(check_prefix_cache(self))
 
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
