@@ -13,6 +13,7 @@ from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import BatchStats
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
+from sloserve.engine import prefix_cache
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
@@ -93,6 +94,36 @@ def test_eviction_is_lru_over_unreferenced_units_tail_first() -> None:
     kv.check_invariants()
     assert kv.evicted_units == 1
     assert kv.lookup_prefix(rq(5, (1, 2), 17)) == 8  # request 1's head unit survived
+    kv.check_invariants()
+
+
+@pytest.mark.parametrize("compact", [4096, 0])
+def test_units_hit_and_released_again_are_the_newest_in_the_lru_order(
+    compact: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The LRU list keeps a unit's old entry when it is hit (stale, skipped by eviction);
+    # released again, the unit is the newest. compact=0 drops consumed entries every time.
+    monkeypatch.setattr(prefix_cache, "_COMPACT", compact)
+    kv = mgr(blocks=8)
+    for rid, ids in ((1, (1, 2)), (2, (3, 4))):
+        kv.lookup_prefix(rq(rid, ids, 17))
+        grow(kv, rid, 16)
+        kv.free(rid)  # LRU, oldest first: 1's tail, 1's head, 2's tail, 2's head
+    assert kv.lookup_prefix(rq(9, (1, 2), 17)) == 16  # request 1's units: hit...
+    kv.free(9)  # ...and released again: now the newest, tail first
+    kv.check_invariants()
+    assert kv.num_free_blocks == 8 and kv.num_cached_blocks == 8
+    kv.lookup_prefix(rq(7, (5,), 9))
+    grow(kv, 7, 9)  # 3 blocks: evicts the two oldest units, request 2's tail then head
+    kv.check_invariants()
+    assert kv.evicted_units == 2
+    assert kv.lookup_prefix(rq(5, (3, 4), 17)) == 0
+    assert kv.lookup_prefix(rq(6, (1, 2), 17)) == 16
+    kv.check_invariants()
+    kv.free(7)
+    kv.free(6)
+    grow(kv, 8, 32)  # a request of 8 blocks: everything cached is evicted
+    assert kv.evicted_units == 2 + 3 and kv.num_cached_blocks == 0
     kv.check_invariants()
 
 
