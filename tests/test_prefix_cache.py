@@ -127,6 +127,26 @@ def test_units_hit_and_released_again_are_the_newest_in_the_lru_order(
     kv.check_invariants()
 
 
+def test_the_lru_list_stays_bounded_without_evictions(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hits leave stale entries that only eviction consumes: with none, releases renumber
+    # the list once stale entries dominate (here beyond 2 × cached + 4), keeping its order.
+    monkeypatch.setattr(prefix_cache, "_COMPACT", 4)
+    kv = mgr(blocks=16)
+    for rid, ids in ((1, (1, 2)), (2, (3, 4))):
+        kv.lookup_prefix(rq(rid, ids, 17))
+        grow(kv, rid, 16)
+        kv.free(rid)
+    for rid in range(10, 1010):
+        assert kv.lookup_prefix(rq(rid, (1, 2), 17)) == 16
+        kv.free(rid)
+        assert len(kv._lru_keys) - kv._lru_head <= 2 * 4 + 4 + 2
+    kv.check_invariants()
+    grow(kv, 5, 48)  # 12 blocks: evicts the two oldest units, request 2's
+    assert kv.evicted_units == 2
+    assert kv.lookup_prefix(rq(6, (1, 2), 17)) == 16 and kv.lookup_prefix(rq(7, (3, 4), 17)) == 0
+    kv.check_invariants()
+
+
 def test_cpu_tier_keeps_evicted_units_and_prices_their_transfer() -> None:
     kv = mgr(blocks=6, cpu_cache=8)
     kv.lookup_prefix(rq(1, (1, 2), 17))

@@ -216,6 +216,16 @@ class PrefixCachingKVManager(PagedKVManager):
             i = 0
         self._lru_head = i
 
+    def _renumber_lru(self) -> None:
+        """Drop the LRU list's stale entries (units hit since), keeping its order: without
+        evictions to consume them, hits and releases would grow it without bound."""
+        state, lst, i = self._state, self._lru_keys, self._lru_head
+        stamp = self._lru_base + len(lst)  # fresh stamps: no stale entry can match them
+        live = [k for j, k in enumerate(lst[i:], self._lru_base + i) if state.get(k) == ~j]
+        for j, key in enumerate(live, stamp):
+            state[key] = ~j
+        self._lru_keys, self._lru_head, self._lru_base = live, 0, stamp
+
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
         if req.hash_ids is None:
@@ -392,6 +402,8 @@ class PrefixCachingKVManager(PagedKVManager):
                 stamp += 1
         released = stamp - first
         self._cached += released
+        if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly stale entries
+            self._renumber_lru()
         orphans = self._orphans
         if orphans:  # an unreferenced unit keeps no blocks of its own
             for key in held:
