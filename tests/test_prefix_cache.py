@@ -5,6 +5,8 @@ so a cache unit is 2 blocks (8 tokens)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -237,6 +239,58 @@ def test_blocks_are_conserved_and_counts_never_negative(
         free = len(kv._free) - kv.num_cached_blocks
         assert free >= 0 and not in_use & set(kv._free)
         assert free + kv.num_cached_blocks + len(in_use) == kv.num_blocks
+
+
+@pytest.mark.parametrize("compact", [4096, 1])
+def test_long_random_operation_sequences_keep_the_invariants(
+    compact: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Longer and more numerous than the hypothesis examples above, which seldom reach
+    # shared, orphaned, re-released and evicted units all at once; compact=1 renumbers and
+    # drops LRU entries at nearly every chance.
+    monkeypatch.setattr(prefix_cache, "_COMPACT", compact)
+    rng = random.Random(17)
+    reached = {"evicted": 0, "cached": 0, "shared": 0}
+    for _ in range(150):
+        kv = mgr(blocks=12, cpu_cache=rng.choice([0, 4]))
+        queued: set[int] = set()
+        live: set[int] = set()
+        swapped: set[int] = set()
+        for _ in range(60):
+            op = rng.choice(["lookup", "grow", "free", "swap_out", "swap_in", "shrink"])
+            rid, n = rng.randint(0, 3), rng.randint(1, 24)
+            ids = tuple(rng.randint(0, 3) for _ in range(rng.randint(1, 4)))
+            if op == "lookup" and rid not in live | swapped | queued:
+                assert kv.lookup_prefix(rq(rid, ids, 8 * len(ids) + 1)) == kv.num_tokens(rid)
+                queued.add(rid)
+            elif op == "grow" and rid in queued | live and grow(kv, rid, n):
+                queued.discard(rid)
+                live.add(rid)
+            elif op == "free" and rid in queued | live:
+                kv.free(rid)
+                kv.forget(rid)
+                queued.discard(rid)
+                live.discard(rid)
+            elif op == "swap_out" and rid in live and kv.can_swap_out(rid):
+                kv.swap_out(rid)
+                live.discard(rid)
+                swapped.add(rid)
+            elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:
+                swapped.discard(rid)
+                live.add(rid)
+            elif (
+                op == "shrink"
+                and rid in live
+                and len(kv._held.get(rid, [])) * 8 <= kv.num_tokens(rid) - n
+            ):
+                kv.shrink(rid, n)
+            kv.check_invariants()
+            counts = kv.reference_counts()
+            assert min(counts.values(), default=0) >= 0
+            reached["cached"] += kv.num_cached_blocks > 0
+            reached["shared"] += max(counts.values(), default=0) > 1
+        reached["evicted"] += kv.evicted_units > 0
+    assert all(reached.values()), reached  # the sequences reach every kind of state
 
 
 # ------------------------------------------------------------------ engine hand case
