@@ -129,6 +129,8 @@ def lookup_cost() -> list[dict[str, Any]]:
         first = Request(0, 0.0, units * 512 + 1, 1, hash_ids=ids)
         kv.lookup_prefix(first)
         kv.allocate(0, units * 512 + 1)
+        first.num_computed_tokens = units * 512 + 1
+        kv.retired([(first, units * 512 + 1)])  # the iteration ends: its units are cached
         kv.free(0)
         n = max(20, 20_000 // units)
         best = float("inf")

@@ -44,6 +44,11 @@ the prompt), about 24 per Mooncake request instead of 750 blocks):
   cached memory as free, so with no prefix shared every decision is the one it would take
   without caching. ``num_request_blocks`` (what preempting a request frees) counts only
   the blocks it alone holds.
+- Bookkeeping (what caching costs in run time: on the full Mooncake conversation trace
+  ~280k units registered and ~245k evicted): one int per cached unit (its holders and
+  where its blocks are, or its place in the LRU list); an unreferenced unit's blocks lie
+  anonymous on the free list, so evicting it moves no block id; the LRU list is
+  append-only, a unit hit again leaving a stale entry that eviction skips.
 
 A waiting request holding cached blocks could keep a replica from running anything (its
 blocks are what the running ones need): when a policy schedules no batch, the queued
@@ -69,6 +74,12 @@ SOURCE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake's traces (the prompt identity's grain)."""
 
 _MIX = 0x9E3779B97F4A7C15
+
+_ONE = 1 << 20
+"""A referenced unit's state (constructor): holders in the low 20 bits, then its position
+in the table that locates it (20 bits), then that request's id."""
+_MASK = _ONE - 1
+_COMPACT = 4096  # LRU list entries consumed before the list drops them
 
 
 @functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
@@ -116,11 +127,25 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        # key -> the unit's blocks (cached units). Tuples, not lists: the garbage collector
-        # stops tracking a tuple of ints, and ~280k units are cached on a long trace.
-        self._index: dict[int, tuple[int, ...]] = {}
-        self._ref: dict[int, int] = {}  # key -> requests holding it
-        self._lru: OrderedDict[int, None] = OrderedDict()  # unreferenced cached, oldest first
+        # Cached units: one int per key in ``_state`` (one dictionary operation per unit
+        # registered, released or evicted — the cost of caching is these operations).
+        # - Referenced (> 0): holders + _ONE * (position + _ONE * request): its blocks are
+        #   where that request's table has that unit (the holders share them), or, once that
+        #   request freed its table while others hold the unit, in ``_orphans``.
+        # - Unreferenced (< 0): ``~stamp``, its place in the LRU list ``_lru_keys``
+        #   (absolute: ``_lru_base`` is the stamp of the list's first entry). A unit hit
+        #   again leaves a stale entry there (its state no longer names that stamp), which
+        #   eviction skips, so the list is the LRU order of the unreferenced units.
+        #   Its blocks are *anonymous*: they lie on the free list, which then holds
+        #   ``unit_blocks * _cached`` blocks more than the truly free ones (``_spare``).
+        #   Which block ids a unit has never changes a result, only how many: eviction then
+        #   moves no block id and release returns a table as the plain manager does.
+        self._state: dict[int, int] = {}
+        self._orphans: dict[int, tuple[int, ...]] = {}
+        self._lru_keys: list[int] = []
+        self._lru_head = 0  # the list's first entry eviction has not consumed
+        self._lru_base = 0
+        self._cached = 0  # unreferenced cached units
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
         self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
         self._held: dict[int, list[int]] = {}  # request -> keys it references (a prefix)
@@ -146,35 +171,60 @@ class PrefixCachingKVManager(PagedKVManager):
         self.now = 0.0
 
     # ------------------------------------------------------------------ capacity
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._lru) * self.unit_blocks
-
+    # ``num_free_blocks`` (the plain manager's: the free list's length) counts the truly
+    # free blocks and the unreferenced cached units' (constructor); so does the plain
+    # manager's ``max_uniform_growth``.
     @property
     def num_cached_blocks(self) -> int:
-        """Blocks of cached units nobody references (evictable)."""
-        return len(self._lru) * self.unit_blocks
+        """Blocks of cached units nobody references (evictable; on the free list)."""
+        return self._cached * self.unit_blocks
+
+    @property
+    def _spare(self) -> int:
+        """Blocks on the free list that no cached unit stands for (truly free)."""
+        return len(self._free) - self._cached * self.unit_blocks
+
+    def reference_counts(self) -> dict[int, int]:
+        """Holders of every cached unit, by key (0: cached, unreferenced)."""
+        return {key: v & _MASK if v > 0 else 0 for key, v in self._state.items()}
 
     def _reclaim(self, need: int) -> None:
-        """Evict LRU cached units until ``need`` blocks are on the free list (or none is
-        left to evict)."""
-        free, lru, index, ref = self._free, self._lru, self._index, self._ref
+        """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
+        evict). Their blocks are on the free list already: only the keys go."""
         # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
-        n = min(len(lru), -(-(need - len(free)) // self.unit_blocks))
+        n = min(self._cached, -(-(need - self._spare) // self.unit_blocks))
         if n <= 0:
             return
         self.evicted_units += n
+        self._cached -= n
         host = self._host if self.cpu_cache_units else None
-        popitem = lru.popitem
-        for _ in range(n):
-            key = popitem(last=False)[0]
-            free.extend(index.pop(key))
-            del ref[key]
-            if host is not None:
-                host[key] = None
-                host.move_to_end(key)
-                if len(host) > self.cpu_cache_units:
-                    host.popitem(last=False)
+        state, lst, i, base = self._state, self._lru_keys, self._lru_head, self._lru_base
+        while n:
+            key = lst[i]
+            if state.get(key) == ~(base + i):  # else: a stale entry (the unit was hit)
+                del state[key]
+                n -= 1
+                if host is not None:
+                    host[key] = None
+                    host.move_to_end(key)
+                    if len(host) > self.cpu_cache_units:
+                        host.popitem(last=False)
+            i += 1
+        if i > _COMPACT and 2 * i > len(lst):
+            del lst[:i]
+            self._lru_base += i
+            i = 0
+        self._lru_head = i
+
+    def _renumber_lru(self) -> None:
+        """Drop the LRU list's stale entries (units hit since), keeping its order: without
+        evictions to consume them, hits and releases would grow it without bound."""
+        state, lst, i = self._state, self._lru_keys, self._lru_head
+        stamp = self._lru_base + len(lst)  # fresh stamps: no stale entry can match them
+        live = [k for j, k in enumerate(lst[i:], self._lru_base + i) if state.get(k) == ~j]
+        for j, key in enumerate(live, stamp):
+            state[key] = ~j
+        self._lru_keys, self._lru_head, self._lru_base = live, 0, stamp
 
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
@@ -192,37 +242,45 @@ class PrefixCachingKVManager(PagedKVManager):
             raise KVInvariantError(f"request {rid} looked up its prefix while holding KV")
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
-        index, ref, lru = self._index, self._ref, self._lru
+        state, free = self._state, self._free
         table = self._tables.get(rid, [])
-        for key in keys[start:most]:
-            blocks = index.get(key)
-            if blocks is None:
-                break
-            if ref[key] == 0:
-                del lru[key]
-            ref[key] += 1
-            held.append(key)
-            table.extend(blocks)
-        gpu = len(held)
         held = list(held)
+        u = self.unit_blocks
+        me = rid * _ONE
+        for key in keys[start:most]:
+            v = state.get(key)
+            if v is None:
+                break
+            if v > 0:  # its blocks are where a holder has them
+                orphan = self._orphans.get(key)
+                if orphan is None:
+                    i = (v >> 20) & _MASK
+                    table.extend(self._tables[v >> 40][i * u : (i + 1) * u])
+                else:
+                    table.extend(orphan)
+                state[key] = v + 1
+            else:  # anonymous on the free list: any of them will do (constructor)
+                self._cached -= 1  # its LRU entry is stale now
+                state[key] = 1 + _ONE * (len(held) + me)
+                table.extend(free[-u:])
+                del free[-u:]
+            held.append(key)
+        gpu = len(held)
         if self._host and gpu < most:
-            u = self.unit_blocks
             host = self._host
             for key in keys[gpu:most]:
                 # Room for the copy without evicting what this request holds or needs.
-                if key not in host or len(self._free) + len(lru) * u < u:
+                if key not in host or len(free) < u:
                     break
                 del host[key]  # out while making room, so that room is not made with it
                 self._reclaim(u)
                 host[key] = None  # the host copy stays (newest), as LMCache keeps it
                 if len(host) > self.cpu_cache_units:
                     host.popitem(last=False)
-                blocks = tuple(self._free[-u:])
-                del self._free[-u:]
-                index[key] = blocks
-                ref[key] = 1
+                state[key] = 1 + _ONE * (len(held) + me)
                 held.append(key)
-                table.extend(blocks)
+                table.extend(free[-u:])
+                del free[-u:]
         cpu = len(held) - gpu
         gained = (len(held) - start) * self.unit_tokens
         looked = 0 if start else req.num_prompt_tokens  # a refresh looks up nothing new
@@ -242,10 +300,10 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
-        index, host = self._index, self._host
+        state, host = self._state, self._host
         n = 0
         for key in keys:
-            if key not in index and key not in host:
+            if key not in state and key not in host:
                 break
             n += 1
         return n * self.unit_tokens
@@ -280,30 +338,29 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         if held is None:
             held = self._held[rid] = []
-        table = self._tables[rid]
-        u = self.unit_blocks
-        index, ref = self._index, self._ref
+        state = self._state
+        me = rid * _ONE
         for i in range(k, full):
             key = keys[i]
-            if key in index:  # computed by another request too: ours stays private
+            if key in state:  # computed by another request too: ours stays private
                 self._open.discard(rid)
-                return
-            index[key] = tuple(table[i * u : (i + 1) * u])
-            ref[key] = 1
+                break
+            state[key] = 1 + _ONE * (i + me)
             held.append(key)
-            self.registered += 1
-        if full == len(keys):
-            self._open.discard(rid)
+        else:
+            if full == len(keys):
+                self._open.discard(rid)
+        self.registered += len(held) - k
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
-        if self._lru:
+        if self._cached:
             table = self._tables.get(req_id)
             need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - (
                 len(table) if table is not None else 0
             )
-            if need > len(self._free):
-                if need > self.num_free_blocks:
+            if need > len(self._free) - self._cached * self.unit_blocks:  # truly free
+                if need > len(self._free):
                     return None
                 self._reclaim(need)
         new = super().allocate(req_id, n_new_tokens)
@@ -313,19 +370,15 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
         # Decodes grow past the prompt: nothing to register, only room to make.
-        if self._lru and len(self._free) < len(req_ids) * (n_new_tokens // self.block_size + 1):
+        cached = self._cached
+        if cached and len(self._free) - cached * self.unit_blocks < len(req_ids) * (
+            n_new_tokens // self.block_size + 1
+        ):
             need = sum(self.blocks_needed(r, n_new_tokens) for r in req_ids)
-            if need > self.num_free_blocks:
+            if need > len(self._free):
                 return False
             self._reclaim(need)
         return super().grow_many(req_ids, n_new_tokens)
-
-    def max_uniform_growth(
-        self, req_ids: Sequence[int], limit: int, free: int | None = None
-    ) -> int:
-        return super().max_uniform_growth(
-            req_ids, limit, self.num_free_blocks if free is None else free
-        )
 
     def free(self, req_id: int) -> int:
         self._copying.pop(req_id, None)  # released before it ran: no copy was needed
@@ -335,16 +388,47 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().free(req_id)
         table = self._tables.pop(req_id)
         self._tokens.pop(req_id, None)
-        ref, lru = self._ref, self._lru
+        state, free, lst = self._state, self._free, self._lru_keys
+        first = stamp = self._lru_base + len(lst)
         for key in reversed(held):  # the tail is evicted first
-            c = ref[key] - 1
-            if c < 0:
-                raise KVInvariantError(f"cached unit {key} referenced {c} times")
-            ref[key] = c
-            if c == 0:
-                lru[key] = None
-        self._free.extend(table[len(held) * self.unit_blocks :])
+            v = state[key] - 1
+            if v < 0:
+                raise KVInvariantError(f"cached unit {key} released while unreferenced")
+            if v & _MASK:
+                state[key] = v
+            else:  # unreferenced: the newest in the LRU list
+                state[key] = ~stamp
+                lst.append(key)
+                stamp += 1
+        released = stamp - first
+        self._cached += released
+        if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly stale entries
+            self._renumber_lru()
+        orphans = self._orphans
+        if orphans:  # an unreferenced unit keeps no blocks of its own
+            for key in held:
+                if state[key] < 0:
+                    orphans.pop(key, None)
+        if released == len(held):  # the usual case: it alone held them
+            free.extend(table)  # every block, the units' anonymous (constructor)
+            return len(table)
+        u = self.unit_blocks
+        for i, key in enumerate(held):
+            v = state[key]
+            if v < 0:  # its blocks join the free list, anonymous
+                free.extend(table[i * u : (i + 1) * u])
+            elif v >> 40 == req_id and key not in orphans:  # the others keep them
+                orphans[key] = tuple(table[i * u : (i + 1) * u])
+        free.extend(table[len(held) * u :])
         return len(table)
+
+    def shrink(self, req_id: int, n_tokens: int) -> None:
+        # The engine cuts a fast-forwarded run before it retires: its tokens are past every
+        # unit the request holds. Cutting into one would free blocks others may share.
+        held = self._held.get(req_id)
+        if held and self._tokens[req_id] - n_tokens < len(held) * self.unit_tokens:
+            raise KVInvariantError(f"request {req_id}: shrinking would cut a cached unit")
+        super().shrink(req_id, n_tokens)
 
     def forget(self, req_id: int) -> None:
         self._keys.pop(req_id, None)
@@ -359,8 +443,8 @@ class PrefixCachingKVManager(PagedKVManager):
         held = self._held.get(req_id)
         if not held:
             return len(table)
-        ref = self._ref
-        return len(table) - self.unit_blocks * sum(1 for key in held if ref[key] > 1)
+        state = self._state
+        return len(table) - self.unit_blocks * sum(1 for key in held if state[key] & _MASK > 1)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         table = self._tables.get(req_id)
@@ -374,7 +458,7 @@ class PrefixCachingKVManager(PagedKVManager):
     def swap_in(self, req_id: int) -> int | None:
         tokens, blocks = self._swapped[req_id]
         need = self._blocks_for(tokens)
-        if need > self.num_free_blocks:
+        if need > len(self._free):
             return None
         self._reclaim(need)
         del self._swapped[req_id]
@@ -385,46 +469,9 @@ class PrefixCachingKVManager(PagedKVManager):
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self) -> None:
-        u = self.unit_blocks
-        owner: dict[int, str] = {}
+        from sloserve.engine.prefix_checks import check_prefix_cache
 
-        def own(b: int, who: str) -> None:
-            if b in owner:
-                raise KVInvariantError(f"block {b} is both {owner[b]} and {who}")
-            owner[b] = who
-
-        for b in self._free:
-            own(b, "free")
-        refs: dict[int, int] = dict.fromkeys(self._index, 0)
-        for key, blocks in self._index.items():
-            if len(blocks) != u:
-                raise KVInvariantError(f"cached unit {key} has {len(blocks)} blocks, not {u}")
-            for b in blocks:
-                own(b, f"in cached unit {key}")
-        for rid, table in self._tables.items():
-            held = self._held.get(rid, [])
-            if len(table) != self._blocks_for(self._tokens[rid]):
-                raise KVInvariantError(
-                    f"request {rid}: {len(table)} blocks for {self._tokens[rid]} tokens"
-                )
-            for i, key in enumerate(held):
-                if key not in self._index or tuple(table[i * u : (i + 1) * u]) != self._index[key]:
-                    raise KVInvariantError(f"request {rid}: unit {i} is not cached unit {key}")
-                refs[key] += 1
-            for b in table[len(held) * u :]:
-                own(b, f"private to request {rid}")
-        if set(self._held) - set(self._tables):
-            raise KVInvariantError("a request holds cached units but no blocks")
-        for key, n in refs.items():
-            if self._ref.get(key) != n:
-                raise KVInvariantError(f"cached unit {key}: count {self._ref.get(key)}, held {n}")
-            if (n == 0) != (key in self._lru):
-                raise KVInvariantError(f"cached unit {key}: {n} holders, LRU {key in self._lru}")
-        if len(self._lru) != sum(1 for n in refs.values() if n == 0):
-            raise KVInvariantError("the LRU list holds units that are not cached")
-        if len(self._host) > self.cpu_cache_units:
-            raise KVInvariantError(f"CPU cache holds {len(self._host)} units, over capacity")
-        self._check_accounting(owner)
+        self._check_accounting(check_prefix_cache(self))
 
 
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
