@@ -48,6 +48,7 @@ from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_ti
 from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.engine.prefix_stats import prefix_summary
+from sloserve.experiments.gc_freeze import frozen
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -285,7 +286,8 @@ def simulate_cluster(
         env.schedule(horizon, lambda: None, PRIO_CONTROL)
     if watch is not None:
         _schedule_watch(env, watch, reqs, total, clu)
-    env.run(until=horizon)
+    with frozen():  # the run's long-lived objects out of the collector's passes
+        env.run(until=horizon)
     left = clu.close(horizon)
     if feeder is not None:
         reqs = reqs + feeder.submitted

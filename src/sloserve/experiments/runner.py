@@ -28,6 +28,7 @@ from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.engine.prefix_cache import PrefixCachingKVManager
 from sloserve.engine.prefix_stats import prefix_summary
+from sloserve.experiments.gc_freeze import frozen
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.summary import request_table, summarize, token_times
@@ -278,7 +279,8 @@ def simulate(
     if horizon != math.inf:
         # An event at the horizon, so that no fast-forwarded run of iterations crosses it.
         env.schedule(horizon, lambda: None, PRIO_CONTROL)
-    env.run(until=horizon)
+    with frozen():  # the run's long-lived objects out of the collector's passes
+        env.run(until=horizon)
     aborted = inst.num_live > 0 or inst.busy
     if aborted:
         inst.abort_all()
