@@ -181,6 +181,50 @@ def test_invariant_check_catches_a_corrupted_reference_count() -> None:
         kv.check_invariants()
 
 
+def _random_op(
+    kv: PrefixCachingKVManager,
+    op: str,
+    rid: int,
+    n: int,
+    ids: tuple[int, ...],
+    queued: set[int],
+    live: set[int],
+    swapped: set[int],
+) -> None:
+    """One random operation, as the engine would make it (queued: looked up, holding only
+    cached blocks; live: running; swapped: in the CPU tier)."""
+    if op == "lookup" and rid not in live | swapped | queued:
+        hit = kv.lookup_prefix(rq(rid, ids, 8 * len(ids) + 1))
+        assert hit % 8 == 0 and kv.num_tokens(rid) == hit
+        queued.add(rid)
+    elif op == "grow" and rid in queued | live:
+        if grow(kv, rid, n):
+            queued.discard(rid)
+            live.add(rid)
+    elif op == "free" and rid in queued | live:
+        kv.free(rid)
+        kv.forget(rid)
+        queued.discard(rid)
+        live.discard(rid)
+    elif op == "swap_out" and rid in live and kv.can_swap_out(rid):
+        kv.swap_out(rid)
+        live.discard(rid)
+        swapped.add(rid)
+    elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:
+        swapped.discard(rid)
+        live.add(rid)
+    elif op == "shrink" and rid in live and kv.num_tokens(rid) > n:
+        # The engine cuts only a fast-forwarded run that has not retired: no cached
+        # unit covers its tokens. Cutting into one is a bug the manager refuses.
+        if len(kv._held.get(rid, [])) * 8 <= kv.num_tokens(rid) - n:
+            kv.shrink(rid, n)
+        else:
+            with pytest.raises(KVInvariantError):
+                kv.shrink(rid, n)
+    kv.check_invariants()
+    assert all(c >= 0 for c in kv.reference_counts().values())
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     ops=st.lists(
@@ -198,40 +242,11 @@ def test_blocks_are_conserved_and_counts_never_negative(
     ops: list[tuple[str, int, int, list[int]]], cpu_cache: int
 ) -> None:
     kv = mgr(blocks=12, cpu_cache=cpu_cache)
-    queued: set[int] = set()  # looked up, holding only cached blocks
+    queued: set[int] = set()
     live: set[int] = set()
     swapped: set[int] = set()
     for op, rid, n, ids in ops:
-        if op == "lookup" and rid not in live | swapped | queued:
-            hit = kv.lookup_prefix(rq(rid, tuple(ids), 8 * len(ids) + 1))
-            assert hit % 8 == 0 and kv.num_tokens(rid) == hit
-            queued.add(rid)
-        elif op == "grow" and rid in queued | live:
-            if grow(kv, rid, n):
-                queued.discard(rid)
-                live.add(rid)
-        elif op == "free" and rid in queued | live:
-            kv.free(rid)
-            kv.forget(rid)
-            queued.discard(rid)
-            live.discard(rid)
-        elif op == "swap_out" and rid in live and kv.can_swap_out(rid):
-            kv.swap_out(rid)
-            live.discard(rid)
-            swapped.add(rid)
-        elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:
-            swapped.discard(rid)
-            live.add(rid)
-        elif op == "shrink" and rid in live and kv.num_tokens(rid) > n:
-            # The engine cuts only a fast-forwarded run that has not retired: no cached
-            # unit covers its tokens. Cutting into one is a bug the manager refuses.
-            if len(kv._held.get(rid, [])) * 8 <= kv.num_tokens(rid) - n:
-                kv.shrink(rid, n)
-            else:
-                with pytest.raises(KVInvariantError):
-                    kv.shrink(rid, n)
-        kv.check_invariants()
-        assert all(c >= 0 for c in kv.reference_counts().values())
+        _random_op(kv, op, rid, n, tuple(ids), queued, live, swapped)
         # Conserved: free + cached-unreferenced + in use (each shared block once) = total;
         # unreferenced cached units' blocks lie on the free list (anonymous), so the truly
         # free ones are the rest of it.
@@ -260,33 +275,8 @@ def test_long_random_operation_sequences_keep_the_invariants(
             op = rng.choice(["lookup", "grow", "free", "swap_out", "swap_in", "shrink"])
             rid, n = rng.randint(0, 3), rng.randint(1, 24)
             ids = tuple(rng.randint(0, 3) for _ in range(rng.randint(1, 4)))
-            if op == "lookup" and rid not in live | swapped | queued:
-                assert kv.lookup_prefix(rq(rid, ids, 8 * len(ids) + 1)) == kv.num_tokens(rid)
-                queued.add(rid)
-            elif op == "grow" and rid in queued | live and grow(kv, rid, n):
-                queued.discard(rid)
-                live.add(rid)
-            elif op == "free" and rid in queued | live:
-                kv.free(rid)
-                kv.forget(rid)
-                queued.discard(rid)
-                live.discard(rid)
-            elif op == "swap_out" and rid in live and kv.can_swap_out(rid):
-                kv.swap_out(rid)
-                live.discard(rid)
-                swapped.add(rid)
-            elif op == "swap_in" and rid in swapped and kv.swap_in(rid) is not None:
-                swapped.discard(rid)
-                live.add(rid)
-            elif (
-                op == "shrink"
-                and rid in live
-                and len(kv._held.get(rid, [])) * 8 <= kv.num_tokens(rid) - n
-            ):
-                kv.shrink(rid, n)
-            kv.check_invariants()
+            _random_op(kv, op, rid, n, ids, queued, live, swapped)
             counts = kv.reference_counts()
-            assert min(counts.values(), default=0) >= 0
             reached["cached"] += kv.num_cached_blocks > 0
             reached["shared"] += max(counts.values(), default=0) > 1
         reached["evicted"] += kv.evicted_units > 0

@@ -84,6 +84,20 @@ W_A_LARGE_RATE = 7.0
 profiled output throughput Θ gives the replica-seconds it costs; W_A's mix costs 0.082
 replica-s per 250 output tokens (≈ 24 req/s on two replicas: 14 req/s is 58 %), this
 one's 0.173 (≈ 11.6 req/s: 58 % is 6.7, rounded to 7)."""
+_MULTI_MODEL: dict[str, tuple[tuple[str, str], ...]] = {
+    "W_A": (
+        ("llama-2-7b", "llama-2-7b-a100"),
+        ("phi-2", "phi-2-a100"),
+        ("llama-3-8b", "llama-3-8b-a100"),
+    ),
+    W_A_LARGE: (
+        ("mistral-7b", "roofline:mistral-7b@a100-80gbx2"),
+        ("llama-2-13b", "roofline:llama-2-13b@a100-80gbx2"),
+        ("llama-2-70b", "roofline:llama-2-70b@a100-80gbx2"),
+    ),
+}
+"""The multi-model workloads' (model, profile): two head models sharing ``1 - tail`` 4:3,
+then the tail model, which no replica serves at the start."""
 QUEUED_RATE = 80.0
 """W_B's queued point (req/s): twice the main grid's 40, where a global queue builds."""
 A10_RATE = 50.0
@@ -138,33 +152,14 @@ class Run:
             "seed": self.seed,
         }
         cluster: dict[str, Any] = {"replicas": [{"count": 2, "profile": "llama-2-7b-a100"}]}
-        if self.workload == "W_A":
+        multi = _MULTI_MODEL.get(self.workload)
+        if multi is not None:  # the two head models start on one replica each
+            (m1, p1), (m2, p2), (tail, pt) = multi
             rest = 1.0 - self.tail_share
-            wl["models"] = {
-                "llama-2-7b": rest * 4 / 7,
-                "phi-2": rest * 3 / 7,
-                "llama-3-8b": self.tail_share,
-            }
+            wl["models"] = {m1: rest * 4 / 7, m2: rest * 3 / 7, tail: self.tail_share}
             cluster = {
-                "replicas": [
-                    {"count": 1, "profile": "llama-2-7b-a100"},
-                    {"count": 1, "profile": "phi-2-a100"},
-                ],
-                "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
-            }
-        if self.workload == W_A_LARGE:
-            rest = 1.0 - self.tail_share
-            wl["models"] = {
-                "mistral-7b": rest * 4 / 7,
-                "llama-2-13b": rest * 3 / 7,
-                "llama-2-70b": self.tail_share,
-            }
-            cluster = {
-                "replicas": [
-                    {"count": 1, "profile": "roofline:mistral-7b@a100-80gbx2"},
-                    {"count": 1, "profile": "roofline:llama-2-13b@a100-80gbx2"},
-                ],
-                "models": {"llama-2-70b": {"profile": "roofline:llama-2-70b@a100-80gbx2"}},
+                "replicas": [{"count": 1, "profile": p1}, {"count": 1, "profile": p2}],
+                "models": {tail: {"profile": pt}},
             }
         if self.sweep == "a10":
             n_a10 = round(A10_REPLICAS * self.a10_share)
