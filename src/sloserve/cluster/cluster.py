@@ -36,6 +36,7 @@ Choices:
   is what it read before. The per-decision timeline is coarser (fewer, longer samples),
   which moves ``scheduling_decisions`` and the sampled KV-usage mean, not the requests.
 - Disaggregated prefill/decode: ``handoff.py`` (held hand-offs wait in ``<model>/decode``).
+- Joins, model loads, failures, recoveries and drains: ``lifecycle.py``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
+from sloserve.cluster import lifecycle
 from sloserve.cluster.admission import Admission, AlwaysAdmit
 from sloserve.cluster.controller import (
     Action,
@@ -158,90 +160,32 @@ class Cluster:
         """The replica of each instance (incarnation) id."""
         for r in self.replicas:
             if r.spec.start_s <= env.now:
-                self._join(r, first=True)
+                lifecycle.join(self, r, first=True)
             else:
-                env.schedule(r.spec.start_s, functools.partial(self._join, r), PRIO_CONTROL)
+                join = functools.partial(lifecycle.join, self, r)
+                env.schedule(r.spec.start_s, join, PRIO_CONTROL)
 
     # ------------------------------------------------------------------ lifecycle
-    def _join(self, rep: Replica, first: bool = False) -> None:
-        if rep.status is not ReplicaStatus.JOINING:
-            return  # drained before it started
-        rep.join_time = self.env.now
-        if first or not self.cold_start:
-            rep.warm_models.add(rep.spec.model)
-            self._start(rep, self._new_instance_id(rep))
-            if not first:
-                self._pull_pools(rep.spec)
-        else:
-            self._begin_load(rep, rep.spec.model)
-
-    def _new_instance_id(self, rep: Replica) -> int:
-        # A configured replica's first incarnation has its replica id; any other (a
-        # recovery, a reload, an added replica) takes the next free id.
-        if not rep.incarnations and rep.replica_id < self._num_configured:
-            return rep.replica_id
-        self._next_instance_id += 1
-        return self._next_instance_id - 1
-
-    # ------------------------------------------------------------------ models
-    def _begin_load(self, rep: Replica, model: str) -> None:
-        """The replica loads ``model`` (LOADING) and serves it once loaded."""
-        assert self.loader is not None
-        old = rep.spec.model
-        tier = "cpu" if model in rep.warm_models else self.loader.tier(model)
-        if model != old:
-            rep.spec = self.loader.respec(rep.spec, model)
-            self.view.moved(rep.replica_id, old)
-        t = self.loader.load_time(rep.spec, model, tier)
-        rep.status = ReplicaStatus.LOADING
-        rep.instance = None
-        rep.pending_model = None
-        rep.load_token += 1
-        now = self.env.now
-        rep.loads.append((now, now + t, model, tier))
-        self.env.schedule(
-            now + t, functools.partial(self._loaded, rep, rep.load_token), PRIO_CONTROL
-        )
-
-    def _loaded(self, rep: Replica, token: int) -> None:
-        if rep.load_token != token or rep.status is not ReplicaStatus.LOADING:
-            return  # failed, drained or reloaded meanwhile
-        rep.warm_models.add(rep.spec.model)
-        self._start(rep, self._new_instance_id(rep))
-        self._pull_pools(rep.spec)
-
+    # (``lifecycle.py``: joins, model loads, failures, recoveries, drains.)
     def change_model(self, rep: Replica, model: str) -> None:
-        """Serve ``model``: stop accepting, finish what it holds, load, serve (docstring)."""
-        if self.loader is None:
-            raise ConfigError("model changes need a model registry")
-        if rep.status is ReplicaStatus.UP:
-            if model == rep.spec.model:
-                return
-            if rep.holds == 0:
-                self._begin_load(rep, model)
-            else:
-                rep.status = ReplicaStatus.DRAINING
-                rep.pending_model = model
-        elif rep.status is ReplicaStatus.DRAINING and rep.pending_model is not None:
-            rep.pending_model = model
-        elif rep.status is ReplicaStatus.LOADING and model != rep.spec.model:
-            self._begin_load(rep, model)
+        """Serve ``model``: stop accepting, finish what it holds, load, serve."""
+        lifecycle.change_model(self, rep, model)
+
+    def fail(self, rep: Replica) -> None:
+        """The replica goes down; what it held is routed again (module docstring)."""
+        lifecycle.fail(self, rep)
+
+    def recover(self, rep: Replica) -> None:
+        """A failed replica comes back empty, as a fresh incarnation."""
+        lifecycle.recover(self, rep)
+
+    def drain(self, rep: Replica) -> None:
+        """Accept nothing more; leave once empty."""
+        lifecycle.drain(self, rep)
 
     def schedule_model_swap(self, replica: int, at_s: float, model: str) -> None:
         rep = self.replicas[replica]
         self.env.schedule(at_s, functools.partial(self.change_model, rep, model), PRIO_CONTROL)
-
-    def _start(self, rep: Replica, instance_id: int) -> None:
-        inst = self._make_instance(rep.spec, instance_id)
-        inst.on_done = functools.partial(self._on_done, rep)
-        self._replica_of[instance_id] = rep
-        if self._cuts_on_arrival(inst):
-            inst.next_event = self.env.peek_control
-        if rep.spec.role == "prefill":
-            inst.hand_off = functools.partial(self._hand_off, rep)
-        rep.instance = inst
-        rep.incarnations.append(inst)
-        rep.status = ReplicaStatus.UP
 
     def schedule_failure(self, replica: int, at_s: float, recover_s: float | None) -> None:
         rep = self.replicas[replica]
@@ -252,64 +196,15 @@ class Cluster:
     def schedule_drain(self, replica: int, at_s: float) -> None:
         self.env.schedule(at_s, functools.partial(self.drain, self.replicas[replica]), PRIO_CONTROL)
 
-    def fail(self, rep: Replica) -> None:
-        """The replica goes down; what it held is routed again (module docstring)."""
-        if rep.status not in (ReplicaStatus.UP, ReplicaStatus.DRAINING, ReplicaStatus.LOADING):
-            return
-        rep.failures += 1
-        rep.load_token += 1
-        draining = rep.status is ReplicaStatus.DRAINING and rep.pending_model is None
-        rep.pending_model = None
-        rep.status = ReplicaStatus.LEFT if draining else ReplicaStatus.FAILED
-        if rep.status is ReplicaStatus.LEFT:
-            rep.leave_time = self.env.now
-        inst = rep.instance
-        rep.instance = None
-        ctl = self.controller
-        if ctl is not None and ctl.wants_events:
-            ev = Event("failure", self.env.now, replica=rep.replica_id)
-            self._apply(ctl.on_event(ev, self.view))
-        if inst is not None:
-            self._requeue(inst.evacuate(), rep.spec.model)
-        if self.handoff is not None:  # its KV transfers in flight are lost: from scratch
-            self._requeue(self.handoff.lose(rep, self.env.now), rep.spec.model)
-
     def _requeue(self, evacuated: list[Request], model: str) -> None:
+        """Requests a replica gave back (a failure, a re-queue action) join the global
+        queue in order and are pulled at once."""
         if evacuated:
             q = self.queue.setdefault(model, [])
             for r in evacuated:
                 bisect.insort(q, r, key=_key)
                 self._queued_since[r.req_id] = self.env.now
             self._pull(model)
-
-    def recover(self, rep: Replica) -> None:
-        """A failed replica comes back empty, as a fresh incarnation."""
-        if rep.status is not ReplicaStatus.FAILED:
-            return
-        self._start(rep, self._new_instance_id(rep))
-        self._pull_pools(rep.spec, soon=False)
-
-    def drain(self, rep: Replica) -> None:
-        """Accept nothing more; leave once empty."""
-        st = rep.status
-        if st is ReplicaStatus.UP:
-            rep.status = ReplicaStatus.DRAINING
-            if rep.holds == 0:
-                self._leave(rep)
-        elif st is ReplicaStatus.DRAINING:
-            rep.pending_model = None  # a drain wins over a pending model change
-            if rep.holds == 0:
-                self._leave(rep)
-        elif st is ReplicaStatus.JOINING:
-            rep.status = ReplicaStatus.LEFT
-        elif st in (ReplicaStatus.FAILED, ReplicaStatus.LOADING):
-            rep.load_token += 1
-            self._leave(rep)
-
-    def _leave(self, rep: Replica) -> None:
-        rep.status = ReplicaStatus.LEFT
-        rep.leave_time = self.env.now
-        rep.instance = None
 
     def _cuts_on_arrival(self, inst: Instance) -> bool:
         """Whether ``inst`` runs past arrivals and is cut when one reaches it (module
@@ -487,9 +382,9 @@ class Cluster:
             self.abort_reasons[req.req_id] = self._abort_reason
         if rep.status is ReplicaStatus.DRAINING and rep.holds == 0:
             if rep.pending_model is not None:
-                self._begin_load(rep, rep.pending_model)
+                lifecycle.begin_load(self, rep, rep.pending_model)
             else:
-                self._leave(rep)
+                lifecycle.leave(self, rep)
         ctl = self.controller
         if ctl is not None and ctl.wants_events:
             self._apply(ctl.on_event(Event("finish", self.env.now, req_id=req.req_id), self.view))
@@ -563,7 +458,7 @@ class Cluster:
         rep = Replica(spec)
         self.replicas.append(rep)
         self.view.add(SimReplicaView(rep))
-        self._join(rep)
+        lifecycle.join(self, rep)
         return rep
 
     # ------------------------------------------------------------------ the end
