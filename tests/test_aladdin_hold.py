@@ -4,11 +4,14 @@ takes it; the reproduction's run statistics count TTFT and ATGT attainment apart
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from cli_helpers import run_main, write
 from sloserve.cluster.aladdin.perf_models import PerfModels
 from sloserve.cluster.aladdin.router import AladdinRouter
 from sloserve.cluster.controller import Event
@@ -108,3 +111,23 @@ def test_run_stats_count_ttft_and_atgt_apart() -> None:
     assert _shares(table, SC_70B) == (0.5, 0.5)
     assert attainment(table, SC_70B) == 0.25
     assert _shares(table.iloc[:0], SC_70B) == (0.0, 0.0)
+
+
+def test_the_yaml_switch_holds_from_the_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = write(
+        tmp_path / "hold.yaml",
+        """workload: {arrival: {kind: poisson, rate: 40}, duration_s: 3, seed: 2}
+instance: {profile: llama-2-7b-a100}
+cluster:
+  replicas: [{count: 2}]
+  router: aladdin
+  router_params: {slo_ttft_ms: 400, slo_atgt_ms: 15, overflow: hold}
+""",
+    )
+    out = run_main(monkeypatch, capsys, "simulate", "--config", str(cfg), "--json")
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert s["holds"].get("aladdin: no worker meets the constraints", 0) > 0
+    assert s["finished"] == s["requests"]
