@@ -10,9 +10,13 @@ and rate, the fewest workers whose pooled attainment reaches each target.
 
     PYTHONPATH=src python benchmarks/aladdin_margin.py [--rates 10,20] [--workers 8-13,16-22]
         [--seeds 5] [--duration 60] [--arms aladdin,jsq-optimal] [--targets 0.99,0.995]
+        [--aladdin-params '{"overflow": "hold"}']
 
-``--workers`` takes one range per rate (``lo-hi``). Output: one JSON line per run point
-and one per (arm, rate) with the fewest workers per target (null: none in the range).
+``--workers`` takes one range per rate (``lo-hi``). ``--aladdin-params`` (a JSON object)
+adds router parameters to the Aladdin arms (``aladdin``, ``aladdin-oracle``), e.g. the
+``overflow`` choice. Output: one JSON line per run point (pooled attainment, and pooled
+TTFT and ATGT attainment apart, and the router's holds) and one per (arm, rate) with the
+fewest workers per target (null: none in the range).
 """
 
 from __future__ import annotations
@@ -20,22 +24,37 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from typing import Any
 
-from sloserve.experiments.aladdin.plan import ARMS, SC_70B, Plan
+from sloserve.experiments.aladdin.plan import ARMS, ORACLE, SC_70B, Plan
 from sloserve.experiments.aladdin.reproduce import run_stats
 
 
-def pooled(arm_name: str, rate: float, workers: int, seeds: int, duration: float) -> float:
-    """Share of all the seeds' requests that met both SLOs."""
-    arm = next(a for a in ARMS if a.name == arm_name)
-    met = total = 0.0
+def pooled(
+    arm_name: str,
+    rate: float,
+    workers: int,
+    seeds: int,
+    duration: float,
+    params: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """Shares of all the seeds' requests that met both SLOs (``pooled``), the TTFT SLO
+    and the ATGT SLO, and the router's holds summed over the seeds."""
+    arm = next(a for a in (*ARMS, ORACLE) if a.name == arm_name)
+    if params and arm.router == "aladdin":
+        arm = dataclasses.replace(arm, params=(*arm.params, *params.items()))
+    met = ttft = atgt = total = holds = 0.0
     for seed in range(seeds):
         plan = dataclasses.replace(Plan.quick(), duration_s=duration, seed=seed)
         st = run_stats(plan, SC_70B, arm, rate, workers)
         # Each seed draws its own number of arrivals: weigh it by its requests.
         met += st.attainment * st.requests
+        ttft += st.ttft_attainment * st.requests
+        atgt += st.atgt_attainment * st.requests
         total += st.requests
-    return met / total if total else 0.0
+        holds += st.holds
+    n = total or 1.0
+    return {"pooled": met / n, "ttft": ttft / n, "atgt": atgt / n, "holds": holds}
 
 
 def main() -> None:
@@ -46,7 +65,11 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--arms", default="aladdin,jsq-optimal")
     ap.add_argument("--targets", default="0.99,0.995")
+    ap.add_argument("--aladdin-params", default="{}", help="JSON router_params for Aladdin")
     a = ap.parse_args()
+    params = json.loads(a.aladdin_params)
+    if not isinstance(params, dict):
+        ap.error("--aladdin-params must be a JSON object")
     rates = [float(r) for r in a.rates.split(",")]
     spans = [tuple(int(x) for x in s.split("-")) for s in a.workers.split(",")]
     if len(spans) != len(rates):
@@ -56,8 +79,9 @@ def main() -> None:
         for rate, (lo, hi) in zip(rates, spans, strict=True):
             got = {}
             for n in range(lo, hi + 1):
-                got[n] = pooled(arm, rate, n, a.seeds, a.duration)
-                print(json.dumps({"arm": arm, "rate": rate, "workers": n, "pooled": got[n]}))
+                p = pooled(arm, rate, n, a.seeds, a.duration, params)
+                got[n] = p["pooled"]
+                print(json.dumps({"arm": arm, "rate": rate, "workers": n, **p}), flush=True)
             fewest = {str(t): next((n for n in sorted(got) if got[n] >= t), None) for t in targets}
             print(json.dumps({"arm": arm, "rate": rate, "fewest_workers": fewest}), flush=True)
 

@@ -27,11 +27,15 @@ wins when it has one; defaults 1600 / 75, Table 2's 70B), ``gamma`` (0.5), ``the
 the KV cache constraint (e) keeps free, ``placement.py``), ``scheduler_groups`` (1) and
 ``group_error`` (unset): Appendix A, below; ``overflow`` (what happens when no worker
 meets the constraints: ``hold`` in the global queue, the default with ``scaling``, until
-a worker frees room or joins; ``least-loaded``, the default without: the least loaded
-worker takes it, since Aladdin never blocks a request (§5.3) and a fixed cluster has no
-new worker to open), ``oracle_lengths`` (False: True predicts each request's true output
-length, the paper's ablation; the router then needs the true length, which a live
-gateway does not have, so it is simulation only).
+a worker frees room or joins (the cluster retries the queue's head whenever a request
+ends; arrivals queue behind held requests); a worker with nothing placed is the empty bin
+Algorithm 1 would open, so while one is up a request is never held: it goes there even
+if it breaks a constraint there (a prompt longer than the TTFT SLO allows would
+otherwise wait forever and block the queue); ``least-loaded``, the default without: the
+least loaded worker takes it, since Aladdin never blocks a request (§5.3) and a fixed
+cluster has no new worker to open), ``oracle_lengths`` (False: True predicts each
+request's true output length, the paper's ablation; the router then needs the true
+length, which a live gateway does not have, so it is simulation only).
 
 Split prefill/decode (§5.1, a cluster with ``prefill`` and ``decode`` replica groups):
 the cluster routes with two router objects; :meth:`AladdinRouter.split_phases` makes this
@@ -201,6 +205,11 @@ class AladdinRouter(Router):
         for r in cand:
             pl.add_worker(r.replica_id, self.kv_gib)
         pl.remove(req.req_id)  # routed again (a failover, a re-balancing move): from scratch
+        # hold: a worker with nothing placed is the fresh bin Algorithm 1 would open, so a
+        # request no worker passes goes to one (the least loaded) rather than wait forever.
+        spill = self.overflow == "least-loaded" or any(
+            not pl.workers[r.replica_id].requests for r in cand
+        )
         t0 = time.process_time()
         wid = pl.place(
             req.req_id,
@@ -209,7 +218,7 @@ class AladdinRouter(Router):
             [(r.replica_id, r.queued_prompt_tokens) for r in cand],
             self.true_out.get(req.req_id) if self.predictor.oracle else None,
             prefer=self._moves.pop(req.req_id, None),
-            overflow=self.overflow == "least-loaded",
+            overflow=spill,
         )
         self.placement_cpu_s += time.process_time() - t0
         self.placements += 1

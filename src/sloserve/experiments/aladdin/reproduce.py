@@ -62,6 +62,12 @@ class RunStats:
     """Aladdin's Algorithm 1 decisions and their CPU seconds (0 for other routers)."""
     requests: int = 0
     """Requests in the run (what ``attainment`` is a share of; pooling over seeds)."""
+    ttft_attainment: float = float("nan")
+    atgt_attainment: float = float("nan")
+    """Shares of the requests that finished within the TTFT SLO, and within the ATGT SLO
+    (a request that did not finish meets neither)."""
+    holds: int = 0
+    """Times the router held a request in the global queue (``overflow: hold``)."""
 
     def row(self, rate: float) -> dict[str, float]:
         """The columns a table row gets: attainment, P99 ATGT, and (for Aladdin) the
@@ -128,7 +134,19 @@ def run_stats(
         int(getattr(router, "placements", 0)),
         float(getattr(router, "placement_cpu_s", 0.0)),
         len(res.table),
+        *_shares(res.table, sc),
+        sum(res.cluster.holds.values()) if res.cluster is not None else 0,
     )
+
+
+def _shares(table: pd.DataFrame, sc: Scenario) -> tuple[float, float]:
+    """(TTFT, ATGT) attainment of ``table`` (:class:`RunStats`)."""
+    if not len(table):
+        return 0.0, 0.0
+    fin = table["status"] == "finished"
+    ttft = fin & (table["ttft_s"] <= sc.ttft_ms / 1e3)
+    atgt = fin & (table["atgt_s"].fillna(0.0) <= sc.atgt_ms / 1e3)
+    return float(ttft.mean()), float(atgt.mean())
 
 
 def prefill_workers(sc: Scenario, rate: float) -> int:
