@@ -12,7 +12,8 @@ why its model was not warm when the load began:
 - ``no QLM memory``: the replica had no CPU memory yet (never ticked).
 
     python benchmarks/qlm_warm_diag.py                        # 50,000 requests, 16 replicas
-    python benchmarks/qlm_warm_diag.py --requests 5000 --replicas 4 --lso-off warm-start
+    python benchmarks/qlm_warm_diag.py --requests 5000 --replicas 4
+    python benchmarks/qlm_warm_diag.py --quick W_A_large   # the quick plan's qlm run
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=16)
     ap.add_argument("--rate-per-replica", type=float, default=7.0)
     ap.add_argument("--verbose", action="store_true", help="one line per load")
+    ap.add_argument("--quick", metavar="WORKLOAD", help="the quick plan's run of this workload")
+    ap.add_argument("--system", default="qlm", help="with --quick: the system")
     args = ap.parse_args()
     import sloserve
     from sloserve.cluster.cluster import Cluster
@@ -118,14 +121,30 @@ def main() -> None:
         "router": "qlm",
     }
     w0, c0 = time.perf_counter(), time.process_time()
-    s = sloserve.simulate(cfg, cluster=cluster).summary
+    if args.quick:
+        from sloserve.experiments.qlm.plan import Plan
+        from sloserve.experiments.qlm.reproduce import run_one
+
+        run = next(
+            r
+            for r in Plan.quick().runs
+            if r.workload == args.quick and r.system == args.system and r.tail_share == TAIL_SHARE
+        )
+        row = run_one(run)
+        what = f"{run.key}: attainment {row['attainment']:.3f}, {row['requests']} requests"
+        loads_by_tier = {"disk": row["model_loads_cold"], "cpu": row["model_loads_warm"]}
+    else:
+        s = sloserve.simulate(cfg, cluster=cluster).summary
+        what = (
+            f"W_A qlm: {s['requests']} requests on {args.replicas} replicas, attainment "
+            f"{s['deadline_attainment']:.3f}"
+        )
+        loads_by_tier = s.get("model_loads_by_tier") or {}
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    q = s.get("qlm") or {}
+    issued = routers[0].stats.model_changes if routers else None
     print(
-        f"W_A qlm: {s['requests']} requests on {args.replicas} replicas, wall {wall:.1f} s, "
-        f"CPU {cpu:.1f} s, load {os.getloadavg()[0]:.2f}; attainment "
-        f"{s['deadline_attainment']:.3f}; model changes issued {q.get('model_changes')}, "
-        f"change_model calls {len(changes)}, loads {s.get('model_loads_by_tier')}"
+        f"{what}; wall {wall:.1f} s, CPU {cpu:.1f} s, load {os.getloadavg()[0]:.2f}; model "
+        f"changes issued {issued}, change_model calls {len(changes)}, loads {loads_by_tier}"
     )
     print("loads by reason:", dict(Counter(r["why"] for r in loads)))
     print("loads by (from -> to, reason):")
