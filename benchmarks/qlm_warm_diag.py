@@ -11,6 +11,9 @@ why its model was not warm when the load began:
 - ``warm in QLM, not in cluster``: QLM's set had it but the cluster's did not (a hook bug);
 - ``no QLM memory``: the replica had no CPU memory yet (never ticked).
 
+It also sums, for warm and for cold loads, the drains before them (from the change order
+to the load's start: the replica finishing what it holds) and the loads themselves.
+
     python benchmarks/qlm_warm_diag.py                        # 50,000 requests, 16 replicas
     python benchmarks/qlm_warm_diag.py --requests 5000 --replicas 4
     python benchmarks/qlm_warm_diag.py --quick W_A_large   # the quick plan's qlm run
@@ -91,6 +94,8 @@ def main() -> None:
                 break
         loads.append(rec)
         orig_begin(self, rep, model)
+        start, end, *_ = rep.loads[-1]
+        rec["load_s"] = end - start
 
     QLMRouter.bind = bind  # type: ignore[method-assign]
     Cluster._begin_load = begin_load  # type: ignore[method-assign]
@@ -150,6 +155,11 @@ def main() -> None:
     print("loads by (from -> to, reason):")
     for k, n in sorted(Counter((r["from"], r["to"], r["why"]) for r in loads).items()):
         print(f"  {k}: {n}")
+    for tier in ("warm", "cold"):
+        xs = [r for r in loads if (r["why"] == "warm") == (tier == "warm")]
+        drain = sum(r.get("since_change_s", 0.0) for r in xs)
+        load = sum(r["load_s"] for r in xs)
+        print(f"{tier} loads {len(xs)}: drains before them {drain:.1f} s, loads {load:.1f} s")
     if routers:
         mems = routers[0].cpu_mem
         print(
