@@ -13,6 +13,7 @@ its model, and which models it keeps warm in CPU memory.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,11 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
                 mem = qr.cpu_mem.get(rid)
                 if mem is None:
                     mem = qr.cpu_mem[rid] = qr._new_cpu_memory()
-                models = (g.model for gid in gids if (g := qr.table.groups.get(gid)))
+                # the model it is changing to comes first: its load is committed even
+                # when its groups have left this queue (pulled elsewhere, replanned)
+                going = qr._changing.get(rid)
+                queued = (g.model for gid in gids if (g := qr.table.groups.get(gid)))
+                models = itertools.chain([going] if going else [], queued)
                 warm = mem.update(models, v.model, lambda m: weight_bytes(qr, m), view.now)
             qr.hooks.set_warm(rid, warm)
         pending = qr._changing.get(rid)

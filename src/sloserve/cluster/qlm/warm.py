@@ -7,9 +7,11 @@ currently active and should be placed in the GPU memory. Models present later in
 virtual queue are warm and placed in the CPU memory until all the CPU memory is
 exhausted." So, per replica (:class:`CPUMemory`):
 
-- **Wanted**: the models of the replica's virtual queue in queue order, the GPU's model
-  excluded, each kept while the running total of weight bytes fits ``capacity_bytes``
-  (a model that does not fit is skipped, a smaller later one may still fit);
+- **Wanted**: the model the replica is changing to (its load is committed, even once its
+  groups have left the queue: pulled by another replica or replanned), then the models of
+  the replica's virtual queue in queue order, the GPU's model excluded, each kept while
+  the running total of weight bytes fits ``capacity_bytes`` (a model that does not fit is
+  skipped, a smaller later one may still fit);
   ``max_models`` optionally caps their count as well.
 - **Prefetch is not free**: a wanted model not yet in CPU memory is read from disk at
   ``disk_bytes_per_s``, one model after another (one read stream per replica); it counts

@@ -1,0 +1,64 @@
+"""The warm-start LSO's gain over workload seeds: the quick plan's W_A and W_A_large runs
+of ``qlm`` and ``qlm-no-warm-start`` (the main tail share) at each seed, with attainment,
+throughput (tokens ÷ time to the last finish), requests served while arrivals last, and
+model loads by tier. One seed's throughput gain hangs on the last finish; this shows its
+spread.
+
+    python benchmarks/qlm_warm_seeds.py --seeds 0 1 2 3 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--workloads", nargs="+", default=["W_A", "W_A_large"])
+    args = ap.parse_args()
+    from sloserve.experiments.qlm.plan import TAIL_SHARE, Plan
+    from sloserve.experiments.qlm.reproduce import run_one
+
+    c0 = time.process_time()
+    gains: dict[str, list[tuple[float, float, float]]] = {w: [] for w in args.workloads}
+    for seed in args.seeds:
+        runs = Plan.quick(seed).runs
+        for wl in args.workloads:
+            rows = {}
+            for system in ("qlm", "qlm-no-warm-start"):
+                run = next(
+                    r
+                    for r in runs
+                    if r.workload == wl and r.system == system and r.tail_share == TAIL_SHARE
+                )
+                rows[system] = row = run_one(run)
+                print(
+                    f"seed {seed} {wl:9s} {system:17s} attainment {row['attainment']:.3f} "
+                    f"tok/s {row['throughput_tokens_per_s']:7.1f} window req/s "
+                    f"{row['window_requests_per_s']:.3f} loads cold/warm "
+                    f"{row['model_loads_cold']}/{row['model_loads_warm']}"
+                )
+            on, off = rows["qlm"], rows["qlm-no-warm-start"]
+            gains[wl].append(
+                tuple(  # type: ignore[arg-type]
+                    on[k] / off[k] - 1 if off[k] else float("nan")
+                    for k in ("throughput_tokens_per_s", "attainment", "window_requests_per_s")
+                )
+            )
+    for wl, g in gains.items():
+        for i, name in enumerate(("throughput", "attainment", "window req/s")):
+            xs = [x[i] for x in g]
+            print(
+                f"{wl} warm-start {name} gain: "
+                + " ".join(f"{x:+.0%}" for x in xs)
+                + f"  (median {statistics.median(xs):+.0%})"
+            )
+    print(f"CPU {time.process_time() - c0:.1f} s, load {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
