@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 
 def main() -> None:
@@ -24,33 +25,7 @@ def main() -> None:
     ap.add_argument("--router", default="qlm")
     args = ap.parse_args()
     import sloserve
-    from sloserve.experiments.qlm.plan import TAIL_SHARE
-
-    rest = 1.0 - TAIL_SHARE
-    cfg = {
-        "workload": {
-            "arrival": {"kind": "poisson", "rate": args.rate_per_replica * args.replicas},
-            "num_requests": args.requests,
-            "duration_s": None,
-            "slo": "qlm",
-            "classes": {"rt": 0.5, "be": 0.5},
-            "models": {
-                "llama-2-7b": rest * 4 / 7,
-                "phi-2": rest * 3 / 7,
-                "llama-3-8b": TAIL_SHARE,
-            },
-        },
-        "policy": "qlm" if args.router == "qlm" else "vllm",
-    }
-    half = args.replicas // 2
-    cluster = {
-        "replicas": [
-            {"count": half, "profile": "llama-2-7b-a100"},
-            {"count": args.replicas - half, "profile": "phi-2-a100"},
-        ],
-        "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
-        "router": args.router,
-    }
+    cfg, cluster = wa_config(args.requests, args.replicas, args.rate_per_replica, args.router)
     w0, c0 = time.perf_counter(), time.process_time()
     s = sloserve.simulate(cfg, cluster=cluster).summary
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
@@ -63,6 +38,41 @@ def main() -> None:
         f"solve {q.get('plan_solve_s_total', 0.0):.2f} s, model loads "
         f"{s.get('model_loads_by_tier')}"
     )
+
+
+def wa_config(
+    requests: int, replicas: int, rate_per_replica: float, router: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """W_A at this scale: the (config, cluster) mappings for ``sloserve.simulate``; half
+    the replicas start on Llama-2-7B, half on Phi-2, Llama-3-8B is the tail model."""
+    from sloserve.experiments.qlm.plan import TAIL_SHARE
+
+    rest = 1.0 - TAIL_SHARE
+    cfg = {
+        "workload": {
+            "arrival": {"kind": "poisson", "rate": rate_per_replica * replicas},
+            "num_requests": requests,
+            "duration_s": None,
+            "slo": "qlm",
+            "classes": {"rt": 0.5, "be": 0.5},
+            "models": {
+                "llama-2-7b": rest * 4 / 7,
+                "phi-2": rest * 3 / 7,
+                "llama-3-8b": TAIL_SHARE,
+            },
+        },
+        "policy": "qlm" if router == "qlm" else "vllm",
+    }
+    half = replicas // 2
+    cluster = {
+        "replicas": [
+            {"count": half, "profile": "llama-2-7b-a100"},
+            {"count": replicas - half, "profile": "phi-2-a100"},
+        ],
+        "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
+        "router": router,
+    }
+    return cfg, cluster
 
 
 if __name__ == "__main__":

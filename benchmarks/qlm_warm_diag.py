@@ -37,9 +37,13 @@ def main() -> None:
     ap.add_argument("--quick", metavar="WORKLOAD", help="the quick plan's run of this workload")
     ap.add_argument("--system", default="qlm", help="with --quick: the system")
     args = ap.parse_args()
+    from qlm_run import wa_config  # the same W_A run
+
     import sloserve
+    from sloserve.cluster import lifecycle
     from sloserve.cluster.cluster import Cluster
     from sloserve.cluster.qlm.router import QLMRouter
+    from sloserve.cluster.replica import Replica
     from sloserve.experiments.qlm.plan import TAIL_SHARE
 
     routers: list[Any] = []
@@ -51,14 +55,14 @@ def main() -> None:
 
     loads: list[dict[str, Any]] = []
     changes: list[tuple[float, int, str, str, str]] = []
-    orig_begin, orig_change = Cluster._begin_load, Cluster.change_model
+    orig_begin, orig_change = lifecycle.begin_load, lifecycle.change_model
 
-    def change_model(self: Any, rep: Any, model: str) -> None:
-        changes.append((self.env.now, rep.replica_id, rep.spec.model, model, rep.status.name))
-        orig_change(self, rep, model)
+    def change_model(clu: Cluster, rep: Replica, model: str) -> None:
+        changes.append((clu.env.now, rep.replica_id, rep.spec.model, model, rep.status.name))
+        orig_change(clu, rep, model)
 
-    def begin_load(self: Any, rep: Any, model: str) -> None:
-        now, rid = self.env.now, rep.replica_id
+    def begin_load(clu: Cluster, rep: Replica, model: str) -> None:
+        now, rid = clu.env.now, rep.replica_id
         in_cluster = model in rep.warm_models
         rec: dict[str, Any] = {"t": now, "rid": rid, "from": rep.spec.model, "to": model}
         qr = routers[0] if routers else None
@@ -93,38 +97,14 @@ def main() -> None:
                 rec["since_change_s"] = now - t
                 break
         loads.append(rec)
-        orig_begin(self, rep, model)
+        orig_begin(clu, rep, model)
         start, end, *_ = rep.loads[-1]
         rec["load_s"] = end - start
 
     QLMRouter.bind = bind  # type: ignore[method-assign]
-    Cluster._begin_load = begin_load  # type: ignore[method-assign]
-    Cluster.change_model = change_model  # type: ignore[method-assign]
-    rest = 1.0 - TAIL_SHARE
-    cfg = {
-        "workload": {
-            "arrival": {"kind": "poisson", "rate": args.rate_per_replica * args.replicas},
-            "num_requests": args.requests,
-            "duration_s": None,
-            "slo": "qlm",
-            "classes": {"rt": 0.5, "be": 0.5},
-            "models": {
-                "llama-2-7b": rest * 4 / 7,
-                "phi-2": rest * 3 / 7,
-                "llama-3-8b": TAIL_SHARE,
-            },
-        },
-        "policy": "qlm",
-    }
-    half = args.replicas // 2
-    cluster = {
-        "replicas": [
-            {"count": half, "profile": "llama-2-7b-a100"},
-            {"count": args.replicas - half, "profile": "phi-2-a100"},
-        ],
-        "models": {"llama-3-8b": {"profile": "llama-3-8b-a100"}},
-        "router": "qlm",
-    }
+    lifecycle.begin_load = begin_load  # the cluster's own calls go through the module
+    lifecycle.change_model = change_model
+    cfg, cluster = wa_config(args.requests, args.replicas, args.rate_per_replica, "qlm")
     w0, c0 = time.perf_counter(), time.process_time()
     if args.quick:
         from sloserve.experiments.qlm.plan import Plan
