@@ -3,8 +3,9 @@ its model, and which models it keeps warm in CPU memory.
 
 - **QLM** (:func:`warm_start`): a replica whose virtual queue's head group
   is of another model changes to it (:class:`ChangeModel`: it finishes what it holds,
-  then loads), unless Insight #3's checks keep its model for now (:func:`keep_model`:
-  its own groups first when that scores no worse; :func:`can_wait`: a busy replica
+  then loads; with ``swap: flush`` it first gives them back, ``flush.py``), unless
+  Insight #3's checks keep its model for now (:func:`keep_model`: its own groups first
+  when that scores no worse; :func:`can_wait`: a busy replica
   defers while the head's deadline allows); the warm-start LSO keeps the next models of its
   queue in CPU memory, in bytes, each warm only once read from disk (``warm.py``).
 - **The pull baselines** ``edf``/``fcfs`` (:func:`swap_for_head`): an idle
@@ -18,6 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from sloserve.cluster.controller import Action, ChangeModel
+from sloserve.cluster.qlm.flush import take_back
 from sloserve.cluster.qlm.groups import RequestGroup
 from sloserve.cluster.qlm.warm import catalog_weight_bytes
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView
@@ -84,8 +86,8 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
     kept in CPU memory: the queue's next models that fit, once read from disk
     (``warm.py``)."""
     out: list[Action] = []
-    for rid, gids in qr.vq.items():
-        v = view.replica(rid)
+    for rid in list(qr.vq):  # a flush re-places groups: the queues may change meanwhile
+        gids, v = qr.vq.get(rid, []), view.replica(rid)
         if qr.hooks is not None:
             warm: set[str] = set()
             if "warm-start" in qr.lsos:
@@ -113,6 +115,7 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
         qr._loaded_at[rid] = view.now + qr._swap(rid, head.model)
         qr._changing[rid] = head.model
         qr.stats.model_changes += 1
+        out += take_back(qr, rid, view)  # swap=flush: Requeue first, the load starts at once
         out.append(ChangeModel(rid, head.model))
     return out
 

@@ -43,6 +43,9 @@ class QLMStats:
     solve_s_max: float = 0.0
     infeasible_plans: int = 0
     model_changes: int = 0
+    flushes: int = 0
+    """Model changes that gave the replica's requests back (``swap: flush``)."""
+    flushed_requests: int = 0
     kept_incumbent: int = 0
     """Plans not adopted: the virtual queues in force scored at least as well."""
     predicted: list[float] = field(default_factory=list)
@@ -68,6 +71,8 @@ class QLMStats:
             "plans_predicting_violations": self.infeasible_plans,
             "model_changes": self.model_changes,
             "plans_kept_incumbent": self.kept_incumbent,
+            "flushes": self.flushes,
+            "flushed_requests": self.flushed_requests,
             "rct_r2": r_squared(self.predicted, self.actual),
             "rct_samples": len(self.actual),
             "rct_wait_r2": r_squared(

@@ -21,7 +21,8 @@ force only when it scores better under the same estimates (``keeps_incumbent``).
 
 **Load balancing** is the assignment itself; a dispatched request never migrates.
 **Model changes**: when the head group of a replica's virtual queue is of another model,
-the replica changes model (:class:`ChangeModel`: it finishes what it holds, then loads).
+the replica changes model: ``swap: drain`` finishes what it holds, then loads; ``flush``
+(the paper's, §5) gives it back to QLM's queues and loads at once (``flush.py``).
 **Model warm start** (§5): the models of the next groups in its queue that fit the
 replica's CPU memory (``cpu_mem_gib``, bytes of weights) are read there from disk
 (``disk_gb_per_s``, one after another) and, once read, a change to one of them loads warm
@@ -57,6 +58,7 @@ from typing import Any
 
 from sloserve.cluster.controller import Action, Event, ReorderQueue
 from sloserve.cluster.qlm.changes import swap_for_head, warm_start
+from sloserve.cluster.qlm.flush import check_swap
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupTable, RequestGroup
 from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
 from sloserve.cluster.qlm.plan import (
@@ -110,6 +112,8 @@ class QLMRouter(Router):
             DEFAULT_CPU_MEM_GIB, DEFAULT_DISK_GB_PER_S, None
         )
         self.disk_rate_given = False
+        self.swap = "drain"
+        """``router_params.swap``: what a model change does with the requests held."""
         """``router_params.disk_gb_per_s`` was set (it wins over the cluster's rate)."""
         self.cpu_mem: dict[int, CPUMemory] = {}
         """Per replica: the model weights in its CPU memory (the warm-start LSO)."""
@@ -205,7 +209,7 @@ class QLMRouter(Router):
             self._place(g, cand[k % len(cand)].replica_id)
             return
         rid, quant, mean = self._best_tail(g, live, view.now)
-        self._place(g, rid, view.replica(rid).model)
+        self._place(g, rid, self._changing.get(rid, view.replica(rid).model))
         self._predict(rr, mean)
         # Insight #1's waiting time: the mean completion less the group's own part
         self.stats.wait_pred[rr.req_id] = mean - self.rct.completion(g, self._hw(rid))[0]
@@ -325,7 +329,7 @@ class QLMRouter(Router):
         if load <= 0:
             return 0.0
         hw = self._hw(rid)
-        mu = self.rct.lengths.prior[0]
+        mu = 0.0 if self.swap == "flush" else self.rct.lengths.prior[0]  # flush: no drain
         return load + mu * hw.decode_s_per_token * hw.inefficiency
 
     def _predict(self, rr: RouteRequest, mean_abs: float) -> None:
@@ -395,7 +399,10 @@ class QLMRouter(Router):
             if rid is None:
                 return Hold("qlm_unplanned")
             v = view.replica(rid)
-            if not (v.status is ReplicaStatus.UP and self._serves(v, req.model)):
+            going = self._changing.get(rid, v.model)  # not to a replica leaving the model
+            if not (v.status is ReplicaStatus.UP and self._serves(v, req.model)) or (
+                going != v.model and req.model not in ("default", going)
+            ):
                 return Hold("qlm_vq")
             if "pull" in self.lsos and not self._has_room(v):
                 return Hold("qlm_vq")
@@ -448,7 +455,10 @@ class QLMRouter(Router):
 
     def _finished(self, req_id: int | str) -> None:
         info = self._dispatched.pop(req_id, None)
-        self._held.pop(req_id, None)
+        if self._held.pop(req_id, None) is not None:  # ended while queued: leaves its group
+            g = self.table.remove(req_id)
+            if g is not None and g.group_id not in self.table.groups:
+                self._drop_group(g.group_id)
         if info is None or self.hooks is None:
             return
         r = self.hooks.request(req_id)
@@ -546,6 +556,7 @@ def make_qlm_router(
     cpu_models: int | None = None,
     cpu_mem_gib: float = DEFAULT_CPU_MEM_GIB,
     disk_gb_per_s: float | None = None,
+    swap: str = "drain",
 ) -> QLMRouter:
     """The router (module docstring); every bad parameter is a one-line ConfigError."""
     try:
@@ -581,4 +592,5 @@ def make_qlm_router(
         cpu_memory=memory,
     )
     router.disk_rate_given = disk_gb_per_s is not None
+    router.swap = check_swap(swap)
     return router

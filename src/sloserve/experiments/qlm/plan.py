@@ -131,6 +131,8 @@ class Run:
     """``a10`` sweep: the share of the four replicas that are A10s (the rest A100s)."""
     mega_share: float = 0.0
     """W_C: the share of requests that are mega-prompts (:data:`MEGA_PROMPT`)."""
+    swap: str | None = None
+    """QLM's ``router_params.swap`` (``drain``/``flush``); None: the router's default."""
 
     @property
     def key(self) -> str:
@@ -138,7 +140,7 @@ class Run:
             f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
             f"/cv={self.arrival_cv}/rate={self.rate}/tail={self.tail_share}"
             f"/a10={self.a10_share}/mega={self.mega_share}"
-        )
+        ) + (f"/swap={self.swap}" if self.swap is not None else "")
 
     def config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The run's (SimConfig mapping, ClusterConfig mapping)."""
@@ -183,6 +185,8 @@ class Run:
             params["lsos"] = "balance,warm-start"
         elif system == "qlm-no-eviction":
             policy_params["evict"] = False
+        if self.swap is not None:
+            params["swap"] = self.swap
         if router != "qlm":
             params = {}
         if system.endswith("-affine"):

@@ -1,0 +1,58 @@
+"""How a QLM model change treats the requests the replica holds (``router_params.swap``).
+
+- ``drain``: the replica stops accepting, finishes every request it holds, then loads
+  (the cluster's :class:`ChangeModel` alone).
+- ``flush`` (``papers/qlm.txt`` §5, model swapping: "changing the underlying model of the
+  vLLM instance and flushing out the KV cache"): the running batch is given back to QLM's
+  queues. The change is :class:`Requeue` then :class:`ChangeModel`: the replica is empty,
+  its load starts at once, and what it held is routed again from scratch (its KV and any
+  tokens computed are lost; the cluster counts them as failovers).
+
+Bookkeeping on a flush (:func:`take_back`): before the actions are applied, every request
+the router had dispatched to the replica leaves ``_dispatched`` and joins QLM's held
+requests, groups and virtual queues again (:meth:`QLMRouter._see`, as a request back from
+a failed replica), priced with the replica already changing model; the router never sends
+a request of the old model to a replica committed to another (``route``). A request that
+ends meanwhile leaves its group (``QLMRouter._finished``).
+
+Pricing (a choice): under ``flush`` a model change costs the head group the load alone
+(no drain, :meth:`QLMRouter._swap`); the work the flushed requests redo is priced where
+they are placed again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sloserve.cluster.controller import Action, Requeue
+from sloserve.cluster.view import ClusterView, RouteRequest
+from sloserve.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sloserve.cluster.qlm.router import QLMRouter
+
+SWAPS = ("drain", "flush")
+
+
+def check_swap(swap: str) -> str:
+    if swap not in SWAPS:
+        raise ConfigError(f"router_params.swap: must be one of {', '.join(SWAPS)}, got {swap!r}")
+    return swap
+
+
+def take_back(qr: QLMRouter, rid: int, view: ClusterView) -> list[Action]:
+    """A flush of replica ``rid`` (its change already recorded in ``qr._changing``): the
+    :class:`Requeue` to apply before the :class:`ChangeModel`, with the requests it holds
+    taken back into QLM's queues. Nothing when the replica holds nothing (or the mode is
+    ``drain``)."""
+    if qr.swap != "flush" or view.replica(rid).outstanding <= 0 or qr.hooks is None:
+        return []
+    mine = [q for q, (r, _) in qr._dispatched.items() if r == rid]
+    for req_id in mine:
+        r = qr.hooks.request(req_id)
+        if r is None:  # not a request the simulation knows: leave it to the cluster
+            continue
+        qr._see(RouteRequest.of(r), view)
+    qr.stats.flushes += 1
+    qr.stats.flushed_requests += len(mine)
+    return [Requeue(rid)]

@@ -1,0 +1,72 @@
+"""QLM's ``swap: flush`` (``cluster/qlm/flush.py``): a model change gives the replica's
+requests back to QLM's queues, its load starts at once, and every request ends once."""
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from sloserve.cluster import lifecycle
+from sloserve.cluster.qlm import make_qlm_router
+from sloserve.core.errors import ConfigError
+from sloserve.core.request import RequestStatus
+
+
+def _run_wa(swap: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[tuple[str, int]]]:
+    """A short multi-model W_A (the quick plan's qlm run, 20 s of arrivals) under ``swap``;
+    with, per model change the cluster applied, the replica's status and requests held."""
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.experiments.cluster_run import simulate_cluster
+    from sloserve.experiments.qlm.plan import TAIL_SHARE, Plan
+    from sloserve.experiments.runner import SimConfig
+
+    run = next(
+        r
+        for r in Plan.quick().runs
+        if r.workload == "W_A" and r.system == "qlm" and r.tail_share == TAIL_SHARE
+    )
+    run = dataclasses.replace(run, swap=swap, duration_s=20.0)
+    changes: list[tuple[str, int]] = []
+    orig = lifecycle.change_model
+
+    def change_model(clu: Any, rep: Any, model: str) -> None:
+        if model != rep.spec.model:
+            changes.append((rep.status.name, rep.holds))
+        orig(clu, rep, model)
+
+    monkeypatch.setattr(lifecycle, "change_model", change_model)
+    sim, cluster = run.config()
+    cfg = SimConfig.model_validate(sim)
+    res = simulate_cluster(cfg, ClusterConfig.load(cluster, "flush test"), None)
+    return res, changes
+
+
+@pytest.mark.parametrize("swap", ["drain", "flush"])
+def test_model_changes_flush_or_drain_and_every_request_ends_once(
+    swap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res, changes = _run_wa(swap, monkeypatch)
+    s = res.summary
+    ids = [r.req_id for r in res.requests]
+    assert len(ids) == len(set(ids)) == s["requests"] > 0
+    # every request ended (finished, rejected at admission or aborted), none left in a queue
+    assert all(r.status.is_terminal for r in res.requests)
+    assert sum(r.status is RequestStatus.FINISHED for r in res.requests) == s["finished"]
+    assert s["finished"] >= 0.9 * s["requests"]
+    q = s["qlm"]
+    up = [held for status, held in changes if status == "UP"]
+    assert up, "the run must change models"
+    if swap == "flush":
+        assert q["flushes"] > 0 and q["flushed_requests"] > 0
+        assert s["failovers"] >= q["flushed_requests"]
+        # the replica is empty when its change is applied: the load starts at once
+        assert all(held == 0 for held in up)
+    else:
+        assert q["flushes"] == 0 and s["failovers"] == 0
+        assert any(held > 0 for held in up)  # a drain: changes wait for what is held
+
+
+def test_bad_swap_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"router_params\.swap"):
+        make_qlm_router("qlm", swap="evict")
+    assert make_qlm_router("qlm").swap == "drain"
