@@ -21,6 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--workloads", nargs="+", default=["W_A", "W_A_large"])
+    ap.add_argument("--swaps", nargs="+", default=["drain", "flush"])
     args = ap.parse_args()
     import importlib
 
@@ -58,7 +59,7 @@ def main() -> None:
     for seed in args.seeds:
         runs = Plan.quick(seed).runs
         for wl in args.workloads:
-            for swap in ("drain", "flush"):
+            for swap in args.swaps:
                 tput = {}
                 for system in ("qlm", "qlm-no-warm-start"):
                     run = next(
