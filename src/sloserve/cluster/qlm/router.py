@@ -106,15 +106,17 @@ class QLMRouter(Router):
         tick_s: float,
         replan_interval_s: float,
         cpu_memory: Callable[[], CPUMemory] | None = None,
+        disk_rate_given: bool = False,
+        swap: str = "drain",
     ) -> None:
         self.name = mode
         self._new_cpu_memory = cpu_memory or make_cpu_memory(
             DEFAULT_CPU_MEM_GIB, DEFAULT_DISK_GB_PER_S, None
         )
-        self.disk_rate_given = False
-        self.swap = "drain"
-        """``router_params.swap``: what a model change does with the requests held."""
+        self.disk_rate_given = disk_rate_given
         """``router_params.disk_gb_per_s`` was set (it wins over the cluster's rate)."""
+        self.swap = check_swap(swap)
+        """``router_params.swap``: what a model change does with the requests held."""
         self.cpu_mem: dict[int, CPUMemory] = {}
         """Per replica: the model weights in its CPU memory (the warm-start LSO)."""
         self.mode = mode
@@ -580,7 +582,7 @@ def make_qlm_router(
         OutputLengthModel(output_mean, output_std, prior_weight)
     except ConfigError as e:
         raise ConfigError(f"router_params.{e}") from None
-    router = QLMRouter(
+    return QLMRouter(
         mode,
         grouping=grouping,
         planner=planner,
@@ -590,7 +592,6 @@ def make_qlm_router(
         tick_s=tick_s,
         replan_interval_s=replan_interval_s,
         cpu_memory=memory,
+        disk_rate_given=disk_gb_per_s is not None,
+        swap=swap,
     )
-    router.disk_rate_given = disk_gb_per_s is not None
-    router.swap = check_swap(swap)
-    return router
