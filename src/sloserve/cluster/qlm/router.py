@@ -401,9 +401,11 @@ class QLMRouter(Router):
             if rid is None:
                 return Hold("qlm_unplanned")
             v = view.replica(rid)
-            going = self._changing.get(rid, v.model)  # not to a replica leaving the model
+            # Not to a replica leaving its model: it serves only req.model (or "default")
+            # now, so a request of its next model cannot reach it before the load either.
+            leaving = self._changing.get(rid, v.model) != v.model
             if not (v.status is ReplicaStatus.UP and self._serves(v, req.model)) or (
-                going != v.model and req.model not in ("default", going)
+                leaving and req.model != "default"
             ):
                 return Hold("qlm_vq")
             if "pull" in self.lsos and not self._has_room(v):
