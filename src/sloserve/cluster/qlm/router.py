@@ -150,6 +150,12 @@ class QLMRouter(Router):
             base, rate = self._new_cpu_memory, hooks.disk_gb_per_s * 1e9
             self._new_cpu_memory = lambda: dataclasses.replace(base(), disk_bytes_per_s=rate)
 
+    def read_ends_at(self, replica_id: int, model: str, now: float) -> float | None:
+        """The cluster's load hook (``cluster/lifecycle.py``, :class:`ReadsIntoCPU`): when
+        the warm-start read of ``model`` into the replica's CPU memory ends, if begun."""
+        mem = self.cpu_mem.get(replica_id)
+        return None if mem is None else mem.read_end(model, now)
+
     # ------------------------------------------------------------------ helpers
     def _hw(self, rid: int) -> HardwareProfile:
         # The hooks cache per profile: a replica that changed model has another one.
