@@ -140,6 +140,8 @@ class QLMRouter(Router):
         self._last_plan = -math.inf
         self._dirty = False
         self._turn: dict[str, int] = {}
+        self._retiring: int | None = None
+        """The replica of the request whose finish is being handled (``flush_waits``)."""
 
     def bind(self, hooks: QLMHooks) -> None:
         """Attach the simulation's hooks (before the run starts). Without
@@ -355,7 +357,13 @@ class QLMRouter(Router):
                         self._see_again(g, view)
             return []
         if event.kind == "finish" and event.req_id is not None:
+            # delivered while its replica retires a batch: no flush of it now (flush.py)
+            self._retiring = self._dispatched.get(event.req_id, (None, None))[0]
             self._finished(event.req_id)
+            try:
+                return self._actions(view)
+            finally:
+                self._retiring = None
         return self._actions(view)
 
     def _see_again(self, g: RequestGroup, view: ClusterView) -> None:
