@@ -76,7 +76,8 @@ def main() -> None:
                     print(
                         f"seed {seed} {wl:9s} {swap:5s} {system:17s} attainment "
                         f"{row['attainment']:.3f} tok/s {row['throughput_tokens_per_s']:7.1f} "
-                        f"loads cold/warm {row['model_loads_cold']}/{row['model_loads_warm']} "
+                        f"loads cold/warm/read {row['model_loads_cold']}/{row['model_loads_warm']}/"
+                        f"{row['model_loads_read']} "
                         f"drains {len(drains)} {sum(drains):6.1f} s flushes "
                         f"{st.flushes if st else '-'} flushed {st.flushed_requests if st else '-'}"
                     )

@@ -3,7 +3,9 @@ cluster's model loads and QLM's CPU memory watched from outside (monkeypatched, 
 the package changes). Per run: model changes issued, loads by tier, and for each cold load
 why its model was not warm when the load began:
 
-- ``read in progress``: the prefetch read had begun but not ended (remaining s printed);
+- ``read in progress``: the prefetch read had begun but not ended (remaining s printed;
+  the load pays only that rest plus the copy from CPU memory, the cluster's tier ``read``,
+  when that is quicker than a cold load);
 - ``read queued``: behind another model's read on the replica's one read stream;
 - ``read ended since last tick``: the read had ended but QLM had not looked since;
 - ``not wanted``: the model was not among the replica's wanted models at its last update
@@ -98,8 +100,9 @@ def main() -> None:
                 break
         loads.append(rec)
         orig_begin(clu, rep, model)
-        start, end, *_ = rep.loads[-1]
+        start, end, _m, tier = rep.loads[-1]
         rec["load_s"] = end - start
+        rec["tier"] = tier  # "read": it waited for the rest of the read under way
 
     QLMRouter.bind = bind  # type: ignore[method-assign]
     lifecycle.begin_load = begin_load  # the cluster's own calls go through the module
@@ -117,7 +120,11 @@ def main() -> None:
         )
         row = run_one(run)
         what = f"{run.key}: attainment {row['attainment']:.3f}, {row['requests']} requests"
-        loads_by_tier = {"disk": row["model_loads_cold"], "cpu": row["model_loads_warm"]}
+        loads_by_tier = {
+            "disk": row["model_loads_cold"],
+            "cpu": row["model_loads_warm"],
+            "read": row["model_loads_read"],
+        }
     else:
         s = sloserve.simulate(cfg, cluster=cluster).summary
         what = (
@@ -132,10 +139,10 @@ def main() -> None:
         f"changes issued {issued}, change_model calls {len(changes)}, loads {loads_by_tier}"
     )
     print("loads by reason:", dict(Counter(r["why"] for r in loads)))
-    print("loads by (from -> to, reason):")
-    for k, n in sorted(Counter((r["from"], r["to"], r["why"]) for r in loads).items()):
+    print("loads by (from -> to, reason, tier):")
+    for k, n in sorted(Counter((r["from"], r["to"], r["why"], r["tier"]) for r in loads).items()):
         print(f"  {k}: {n}")
-    for tier in ("warm", "cold"):
+    for tier in ("warm", "not warm"):
         xs = [r for r in loads if (r["why"] == "warm") == (tier == "warm")]
         drain = sum(r.get("since_change_s", 0.0) for r in xs)
         load = sum(r["load_s"] for r in xs)

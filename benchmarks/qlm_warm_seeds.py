@@ -39,8 +39,8 @@ def main() -> None:
                 print(
                     f"seed {seed} {wl:9s} {system:17s} attainment {row['attainment']:.3f} "
                     f"tok/s {row['throughput_tokens_per_s']:7.1f} window req/s "
-                    f"{row['window_requests_per_s']:.3f} loads cold/warm "
-                    f"{row['model_loads_cold']}/{row['model_loads_warm']}"
+                    f"{row['window_requests_per_s']:.3f} loads cold/warm/read "
+                    f"{row['model_loads_cold']}/{row['model_loads_warm']}/{row['model_loads_read']}"
                 )
             on, off = rows["qlm"], rows["qlm-no-warm-start"]
             gains[wl].append(

@@ -70,3 +70,44 @@ def test_bad_swap_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=r"router_params\.swap"):
         make_qlm_router("qlm", swap="evict")
     assert make_qlm_router("qlm").swap == "drain"
+
+
+def test_no_flush_inside_a_finish_of_the_replicas_own_request() -> None:
+    """A request's finish is delivered while its replica retires the iteration's batch; a
+    flush (Requeue) of that replica then emptied it under the loop and the engine's retire
+    failed (the quick W_A at seed 2 under flush). It now waits for the next event or tick
+    (``flush.flush_waits``); the run ends with every request ended once."""
+    from sloserve.cluster.config import ClusterConfig
+    from sloserve.experiments.cluster_run import simulate_cluster
+    from sloserve.experiments.qlm.plan import TAIL_SHARE, Plan
+    from sloserve.experiments.runner import SimConfig
+
+    run = next(
+        r
+        for r in Plan.quick(2).runs
+        if r.workload == "W_A" and r.system == "qlm" and r.tail_share == TAIL_SHARE
+    )
+    sim, cluster = dataclasses.replace(run, swap="flush").config()
+    res = simulate_cluster(
+        SimConfig.model_validate(sim), ClusterConfig.load(cluster, "flush test"), None
+    )
+    assert res.summary["qlm"]["flushes"] > 0
+    ids = [r.req_id for r in res.requests]
+    assert len(ids) == len(set(ids)) and all(r.status.is_terminal for r in res.requests)
+
+
+def test_flush_waits_only_for_the_replica_whose_request_is_finishing() -> None:
+    from types import SimpleNamespace
+
+    from sloserve.cluster.qlm.flush import flush_waits
+
+    qr = make_qlm_router("qlm", swap="flush")
+    busy = SimpleNamespace(replica_id=0, outstanding=3)
+    assert not flush_waits(qr, busy)  # type: ignore[arg-type]
+    qr._retiring = 0
+    assert flush_waits(qr, busy)  # type: ignore[arg-type]
+    assert not flush_waits(qr, SimpleNamespace(replica_id=1, outstanding=3))  # type: ignore[arg-type]
+    assert not flush_waits(qr, SimpleNamespace(replica_id=0, outstanding=0))  # type: ignore[arg-type]
+    drain = make_qlm_router("qlm")
+    drain._retiring = 0
+    assert not flush_waits(drain, busy)  # type: ignore[arg-type]

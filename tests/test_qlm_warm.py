@@ -107,3 +107,66 @@ def test_the_model_a_replica_is_changing_to_stays_wanted_after_its_groups_leave(
     assert warm_start(qr, view(0.0)) == [] and warm[0] == set()  # read 0–10 s
     warm_start(qr, view(10.0))
     assert warm[0] == {"b"}
+
+
+def test_read_end_is_the_read_begun_by_now() -> None:
+    m = _mem(100)
+    m.update(["a", "b"], "gpu", SIZES.__getitem__, 0.0)  # a 0–10 s, b 10–40 s
+    assert m.read_end("a", 4.0) == 10.0
+    assert m.read_end("b", 4.0) is None  # queued behind a: not begun
+    assert m.read_end("b", 10.0) == 40.0
+    assert m.read_end("a", 12.0) == 10.0  # ended since the last update: nothing left
+    assert m.read_end("c", 4.0) is None
+
+
+def _loading(read_end: float | None, now: float = 5.0) -> tuple[float, str]:
+    """begin_load on a stand-in cluster: cold 10 s (disk), warm 1 s (cpu); a controller
+    whose read of "m" ends at ``read_end``. Returns (load seconds, tier)."""
+    from types import SimpleNamespace
+
+    from sloserve.cluster import lifecycle
+
+    class Ctl:
+        def read_ends_at(self, replica_id: int, model: str, now: float) -> float | None:
+            assert (replica_id, model) == (0, "m")
+            return read_end
+
+    loader = SimpleNamespace(
+        tier=lambda _m: "disk",
+        respec=lambda spec, m: SimpleNamespace(model=m),
+        load_time=lambda _spec, _m, tier: {"disk": 10.0, "cpu": 1.0}[tier],
+    )
+    clu = SimpleNamespace(
+        loader=loader,
+        controller=Ctl(),
+        view=SimpleNamespace(moved=lambda *_a: None),
+        env=SimpleNamespace(now=now, schedule=lambda *_a: None),
+    )
+    rep = SimpleNamespace(
+        spec=SimpleNamespace(model="old"), warm_models=set(), replica_id=0, status=None,
+        instance=None, pending_model=None, load_token=0, loads=[],
+    )  # fmt: skip
+    lifecycle.begin_load(clu, rep, "m")  # type: ignore[arg-type]
+    start, end, model, tier = rep.loads[-1]
+    assert (start, model) == (now, "m")
+    return end - start, tier
+
+
+def test_a_load_during_its_models_read_pays_only_the_rest_of_the_read() -> None:
+    """The cluster's load hook (``lifecycle.ReadsIntoCPU``): a load that starts while the
+    model's read into CPU memory is under way waits for the rest, then copies from CPU."""
+    assert _loading(read_end=8.0) == (3.0 + 1.0, "read")  # 3 s of read left, 1 s copy
+    assert _loading(read_end=4.0) == (1.0, "read")  # ended since QLM last looked
+    assert _loading(read_end=None) == (10.0, "disk")  # no read begun: a cold load
+    assert _loading(read_end=14.5) == (10.0, "disk")  # 9.5 + 1 s: the cold load is quicker
+
+
+def test_the_qlm_router_reports_its_reads_to_the_cluster() -> None:
+    from sloserve.cluster.lifecycle import ReadsIntoCPU
+
+    qr = make_qlm_router("qlm", disk_gb_per_s=1.0)
+    assert isinstance(qr, ReadsIntoCPU)
+    assert qr.read_ends_at(0, "a", 0.0) is None  # no CPU memory yet
+    qr.cpu_mem[0] = m = CPUMemory(100 * GIB, 1e9)
+    m.update(["a"], "gpu", lambda _m: 10e9, 2.0)
+    assert qr.read_ends_at(0, "a", 3.0) == 12.0

@@ -7,12 +7,19 @@ put them on the clock). The choices are the cluster module's: a failure hands ev
 the replica held back to the global layer at once, a recovery starts a fresh incarnation,
 a draining replica that fails leaves, and failing a failed or departed replica (or
 recovering a live one) does nothing.
+
+A load's tier: ``cpu`` when the replica holds the model in host memory (warm), else the
+model's own (``disk``). One hook refines that (:class:`ReadsIntoCPU`): a controller that
+reads models into a replica's CPU memory ahead of time (QLM's warm start) may say that
+the model's read is already under way; the load then waits for the rest of that read and
+copies the weights from CPU memory (tier ``read``) when that is quicker than a whole cold
+load. Without such a controller nothing changes.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sloserve.cluster.controller import Event
 from sloserve.cluster.replica import Replica
@@ -49,6 +56,18 @@ def new_instance_id(clu: Cluster, rep: Replica) -> int:
     return clu._next_instance_id - 1
 
 
+@runtime_checkable
+class ReadsIntoCPU(Protocol):
+    """Extension point for a controller that reads model weights from disk into a
+    replica's CPU memory ahead of a load (QLM's warm start, ``cluster/qlm/warm.py``)."""
+
+    def read_ends_at(self, replica_id: int, model: str, now: float) -> float | None:
+        """When the read of ``model`` into replica ``replica_id``'s CPU memory that has
+        begun by ``now`` ends (at or before ``now``: it has ended); ``None`` when no such
+        read has begun."""
+        ...
+
+
 def begin_load(clu: Cluster, rep: Replica, model: str) -> None:
     """The replica loads ``model`` (LOADING) and serves it once loaded."""
     assert clu.loader is not None
@@ -58,6 +77,14 @@ def begin_load(clu: Cluster, rep: Replica, model: str) -> None:
         rep.spec = clu.loader.respec(rep.spec, model)
         clu.view.moved(rep.replica_id, old)
     t = clu.loader.load_time(rep.spec, model, tier)
+    ctl = clu.controller
+    if tier != "cpu" and isinstance(ctl, ReadsIntoCPU):
+        # the read already under way is not started again: wait for its rest, then copy
+        end = ctl.read_ends_at(rep.replica_id, model, clu.env.now)
+        if end is not None:
+            rest = max(0.0, end - clu.env.now) + clu.loader.load_time(rep.spec, model, "cpu")
+            if rest < t:
+                t, tier = rest, "read"
     rep.status = ReplicaStatus.LOADING
     rep.instance = None
     rep.pending_model = None

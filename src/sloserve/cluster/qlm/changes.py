@@ -19,7 +19,7 @@ import math
 from typing import TYPE_CHECKING
 
 from sloserve.cluster.controller import Action, ChangeModel
-from sloserve.cluster.qlm.flush import take_back
+from sloserve.cluster.qlm.flush import flush_waits, take_back
 from sloserve.cluster.qlm.groups import RequestGroup
 from sloserve.cluster.qlm.warm import catalog_weight_bytes
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView
@@ -84,7 +84,8 @@ def change(qr: QLMRouter, rid: int, model: str) -> ChangeModel:
 def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
     """Model changes for heads of another model, and (the warm-start LSO) the models
     kept in CPU memory: the queue's next models that fit, once read from disk
-    (``warm.py``)."""
+    (``warm.py``). A change that would flush the replica whose request is finishing
+    waits (``flush.py``, :func:`flush_waits`)."""
     out: list[Action] = []
     for rid in list(qr.vq):  # a flush re-places groups: the queues may change meanwhile
         gids, v = qr.vq.get(rid, []), view.replica(rid)
@@ -111,6 +112,8 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
         if v.status is not ReplicaStatus.UP or keep_model(qr, v, gids, head, view.now):
             continue
         if v.outstanding > 0 and can_wait(qr, v, head, view.now):
+            continue
+        if flush_waits(qr, v):
             continue
         qr._loaded_at[rid] = view.now + qr._swap(rid, head.model)
         qr._changing[rid] = head.model

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sloserve.cluster.controller import Action, Requeue
-from sloserve.cluster.view import ClusterView, RouteRequest
+from sloserve.cluster.view import ClusterView, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -38,6 +38,16 @@ def check_swap(swap: str) -> str:
     if swap not in SWAPS:
         raise ConfigError(f"router_params.swap: must be one of {', '.join(SWAPS)}, got {swap!r}")
     return swap
+
+
+def flush_waits(qr: QLMRouter, v: ReplicaView) -> bool:
+    """A flush of busy replica ``v`` is not issued while the finish of one of its own
+    requests is handled (``qr._retiring``), but on a later event or tick: the finish is
+    delivered while the replica retires its iteration's batch, and a :class:`Requeue`
+    applied then would empty the replica under that loop (measured: the engine's retire
+    failed, quick W_A seed 2 under flush, once loads during a read got shorter). ``drain``
+    never waits."""
+    return qr.swap == "flush" and v.replica_id == qr._retiring and v.outstanding > 0
 
 
 def take_back(qr: QLMRouter, rid: int, view: ClusterView) -> list[Action]:

@@ -13,7 +13,7 @@ pull realises the virtual queues (:class:`ReorderQueue`).
 **Plan generator calls** (§4 "Handling new incoming requests"): when a new group forms, the
 RCT estimator (``rct.py``) prices it at the tail of the queue where it completes first; on
 every arrival it also prices the groups of the virtual queue the request joins, in place
-(:meth:`QLMRouter._violation_ahead`). A predicted violation (an α-quantile completion past
+(``placement.py``). A predicted violation (an α-quantile completion past
 a deadline that the head of the queue would meet) or a failure re-plans all groups
 (``plan.py``), at most once per ``replan_interval_s`` of simulated time (a choice: bursts
 of arrivals would otherwise re-plan per arrival). A plan replaces the virtual queues in
@@ -27,7 +27,7 @@ the replica changes model: ``swap: drain`` finishes what it holds, then loads; `
 replica's CPU memory (``cpu_mem_gib``, bytes of weights) are read there from disk
 (``disk_gb_per_s``, one after another) and, once read, a change to one of them loads warm
 (host-to-GPU); any other loads cold from disk (``cluster/models.py``). Model changes and
-warm start live in ``changes.py`` and ``warm.py``.
+warm start live in ``changes.py`` and ``warm.py``; placement in ``placement.py``.
 **Eviction and GPU↔CPU swap** happen on the replica, in its ``qlm`` policy
 (``policies/qlm/agent.py``).
 
@@ -53,7 +53,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sloserve.cluster.controller import Action, Event, ReorderQueue
@@ -61,6 +61,7 @@ from sloserve.cluster.qlm.changes import swap_for_head, warm_start
 from sloserve.cluster.qlm.flush import check_swap
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupTable, RequestGroup
 from sloserve.cluster.qlm.hooks import QLMHooks, QLMStats
+from sloserve.cluster.qlm.placement import best_tail, place, violation_ahead
 from sloserve.cluster.qlm.plan import (
     Plan,
     PlanGroup,
@@ -139,6 +140,8 @@ class QLMRouter(Router):
         self._last_plan = -math.inf
         self._dirty = False
         self._turn: dict[str, int] = {}
+        self._retiring: int | None = None
+        """The replica of the request whose finish is being handled (``flush_waits``)."""
 
     def bind(self, hooks: QLMHooks) -> None:
         """Attach the simulation's hooks (before the run starts). Without
@@ -148,6 +151,12 @@ class QLMRouter(Router):
         if hooks.disk_gb_per_s is not None and not self.disk_rate_given:
             base, rate = self._new_cpu_memory, hooks.disk_gb_per_s * 1e9
             self._new_cpu_memory = lambda: dataclasses.replace(base(), disk_bytes_per_s=rate)
+
+    def read_ends_at(self, replica_id: int, model: str, now: float) -> float | None:
+        """The cluster's load hook (``cluster/lifecycle.py``, :class:`ReadsIntoCPU`): when
+        the warm-start read of ``model`` into the replica's CPU memory ends, if begun."""
+        mem = self.cpu_mem.get(replica_id)
+        return None if mem is None else mem.read_end(model, now)
 
     # ------------------------------------------------------------------ helpers
     def _hw(self, rid: int) -> HardwareProfile:
@@ -208,118 +217,18 @@ class QLMRouter(Router):
             cand = [v for v in live if v.model == g.model] or live
             k = self._turn.get(g.model, -1) + 1
             self._turn[g.model] = k
-            self._place(g, cand[k % len(cand)].replica_id)
+            place(self, g, cand[k % len(cand)].replica_id)
             return
-        rid, quant, mean = self._best_tail(g, live, view.now)
-        self._place(g, rid, self._changing.get(rid, view.replica(rid).model))
+        rid, quant, mean = best_tail(self, g, live, view.now)
+        place(self, g, rid, self._changing.get(rid, view.replica(rid).model))
         self._predict(rr, mean)
         # Insight #1's waiting time: the mean completion less the group's own part
         self.stats.wait_pred[rr.req_id] = mean - self.rct.completion(g, self._hw(rid))[0]
         if quant > g.deadline or self._dirty or self._violation_ahead(view, rid):
             self._replan(view)
 
-    def _place(self, g: RequestGroup, rid: int, model: str | None = None) -> None:
-        """Insight #3: a new group joins right behind the last group of its model in the
-        queue (or at the head when the replica serves its model and no group of it is
-        queued), so same-model groups stay together and the replica does not thrash;
-        else at the tail. ``model``: the replica's current model."""
-        self._assign[g.group_id] = rid
-        q = self.vq.setdefault(rid, [])
-        at = len(q)
-        for k in range(len(q) - 1, -1, -1):
-            h = self.table.groups.get(q[k])
-            if h is not None and h.model == g.model:
-                at = k + 1
-                break
-        else:
-            if model == g.model:
-                at = 0
-        q.insert(at, g.group_id)
-
     def _violation_ahead(self, view: ClusterView, rid: int) -> bool:
-        """The re-planning trigger (§4, §7: "invoked by the RCT estimator when an SLO
-        violation is likely"): a group of replica ``rid``'s virtual queue whose α-quantile
-        completion at its place misses its deadline, where at the head of the queue it
-        would meet it (a group that misses even there cannot be saved by a new plan)."""
-        v = view.replica(rid)
-        m, var = self._ready(v, view.now)
-        hw, model = self._hw(rid), self._changing.get(rid, v.model)
-        for gid in self.vq.get(rid, []):
-            g = self.table.groups.get(gid)
-            if g is None:
-                continue
-            swap = self._swap(rid, g.model) if g.model != model else 0.0
-            m, model = m + swap, g.model
-            cm, cv = self.rct.completion(g, hw)
-            if view.now + self.rct.quantile(m + cm, var + cv) > g.deadline:
-                r0, v0 = self._ready(v, view.now)
-                now_model = self._changing.get(rid, v.model)
-                head = swap + r0 + cm if g.model != now_model else r0 + cm
-                if view.now + self.rct.quantile(head, v0 + cv) <= g.deadline:
-                    return True
-            w, wv = self.rct.work(g, hw)
-            m, var = m + w, var + wv
-        return False
-
-    def _tail(self, v: ReplicaView, now: float) -> tuple[float, float, str]:
-        """(mean, var) seconds until replica ``v``'s virtual queue is done, its last model."""
-        m, var = self._ready(v, now)
-        # a replica changing model is priced with its new one (its load is in _ready)
-        hw, model = self._hw(v.replica_id), self._changing.get(v.replica_id, v.model)
-        for gid in self.vq.get(v.replica_id, []):
-            g = self.table.groups.get(gid)
-            if g is None:
-                continue
-            if g.model != model:
-                m += self._swap(v.replica_id, g.model)
-                model = g.model
-            w, wv = self.rct.work(g, hw)
-            m, var = m + w, var + wv
-        return m, var, model
-
-    def _best_tail(
-        self, g: RequestGroup, live: Sequence[ReplicaView], now: float
-    ) -> tuple[int, float, float]:
-        """Where a new group goes: among the replicas that serve (or will serve) its model
-        and meet its deadline at level α, the earliest; when none does, the earliest of
-        all, a model change included (Insight #3: no swap that a deadline does not need).
-        The replicas serving (or changing to) its model now are priced first; the others
-        only when none of those meets the deadline (speed: most groups stop there).
-        Returns (replica, α-quantile completion, mean completion), absolute times."""
-        first = [
-            v for v in live if g.model in (v.model, self._changing.get(v.replica_id), "default")
-        ]
-        if first:
-            q, mean, rid, same = self._earliest(g, first, now)
-            if same[0] < math.inf:
-                return same[2], same[0], same[1]
-        q, mean, rid, same = self._earliest(g, live, now)
-        pick = same if same[0] < math.inf else (q, mean, rid)
-        return pick[2], pick[0], pick[1]
-
-    def _earliest(
-        self, g: RequestGroup, cand: Sequence[ReplicaView], now: float
-    ) -> tuple[float, float, int, tuple[float, float, int]]:
-        """The earliest α-quantile completion of ``g`` at the tail of ``cand``'s queues
-        (quantile, mean, replica) and the earliest among those that keep its model and
-        meet its deadline."""
-        best = (math.inf, math.inf, cand[0].replica_id)
-        best_same = best
-        # ties (free slots on several replicas: no wait anywhere) go to the least loaded
-        for v in sorted(cand, key=lambda v: (v.outstanding, v.replica_id)):
-            m, var, model = self._tail(v, now)
-            # a replica changing model serves the new one (its old one is draining)
-            now_model = self._changing.get(v.replica_id, v.model)
-            same = g.model in (model, now_model, "default")
-            if model != g.model:
-                m += self._swap(v.replica_id, g.model)
-            cm, cv = self.rct.completion(g, self._hw(v.replica_id))
-            q = now + self.rct.quantile(m + cm, var + cv)
-            if q < best[0]:
-                best = (q, now + m + cm, v.replica_id)
-            if same and q <= g.deadline and q < best_same[0]:
-                best_same = (q, now + m + cm, v.replica_id)
-        return best[0], best[1], best[2], best_same
+        return violation_ahead(self, view, rid)  # placement.py: the re-planning trigger
 
     def _swap(self, rid: int, model: str) -> float:
         """What changing replica ``rid`` to ``model`` costs: the load (warm or cold), plus
@@ -448,14 +357,20 @@ class QLMRouter(Router):
                         self._see_again(g, view)
             return []
         if event.kind == "finish" and event.req_id is not None:
+            # delivered while its replica retires a batch: no flush of it now (flush.py)
+            self._retiring = self._dispatched.get(event.req_id, (None, None))[0]
             self._finished(event.req_id)
+            try:
+                return self._actions(view)
+            finally:
+                self._retiring = None
         return self._actions(view)
 
     def _see_again(self, g: RequestGroup, view: ClusterView) -> None:
         live = [v for v in self._live(view) if v.replica_id not in (-1,)]
         if live:
-            rid, _, _ = self._best_tail(g, live, view.now)
-            self._place(g, rid, view.replica(rid).model)
+            rid, _, _ = best_tail(self, g, live, view.now)
+            place(self, g, rid, view.replica(rid).model)
 
     def _finished(self, req_id: int | str) -> None:
         info = self._dispatched.pop(req_id, None)

@@ -17,6 +17,11 @@ exhausted." So, per replica (:class:`CPUMemory`):
   ``disk_bytes_per_s``, one model after another (one read stream per replica); it counts
   as warm only once its read has ended. A model no longer wanted is dropped at once (a
   read not yet started is cancelled; a read in progress still occupies the stream).
+- **A load during a read**: a model change whose model's read has begun (not ended, or
+  ended since the last update) waits for the rest of that read and then loads from CPU
+  memory, when that is quicker than a cold load (the cluster's tier ``read``; the hook is
+  ``cluster/lifecycle.py``'s :class:`ReadsIntoCPU`). The read is the same disk traffic
+  either way; only its rest remains.
 - **A model leaving the GPU** stays in CPU memory when it is still wanted (a choice: its
   weights reached the GPU through host memory, or are copied back at PCIe speed during the
   drain before the change; either is hidden by the drain).
@@ -95,6 +100,15 @@ class CPUMemory:
             left.append((m, start, busy))
         self.reads = left
         return set(self.resident)
+
+    def read_end(self, model: str, now: float) -> float | None:
+        """When the read of ``model`` that has begun by ``now`` ends (``None``: none has
+        begun). A load that starts meanwhile waits for its rest instead of reading the
+        whole model again (``cluster/lifecycle.py``, :class:`ReadsIntoCPU`)."""
+        for m, start, end in self.reads:
+            if m == model and start <= now:
+                return end
+        return None
 
     def _wanted(
         self, queue_models: Iterable[str], gpu_model: str, size: Callable[[str], float]

@@ -21,6 +21,7 @@ def system_table(results: pd.DataFrame) -> pd.DataFrame:
         "throughput_tokens_per_s",
         "model_loads_cold",
         "model_loads_warm",
+        "model_loads_read",
         "preemptions",
         "plan_calls",
     ]

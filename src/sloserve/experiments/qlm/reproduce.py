@@ -77,6 +77,8 @@ def run_one(run: Run) -> dict[str, Any]:
         "window_requests_per_s": len(in_window) / run.duration_s,
         "model_loads_cold": (s.get("model_loads_by_tier") or {}).get("disk", 0),
         "model_loads_warm": (s.get("model_loads_by_tier") or {}).get("cpu", 0),
+        # waited for the rest of a warm-start read under way, then loaded from CPU memory
+        "model_loads_read": (s.get("model_loads_by_tier") or {}).get("read", 0),
         "preemptions": s["preemptions"],
         "swaps": s["swaps"],
         "plan_calls": q.get("plan_calls", 0),
