@@ -387,7 +387,14 @@ class Cluster:
                 lifecycle.leave(self, rep)
         ctl = self.controller
         if ctl is not None and ctl.wants_events:
-            self._apply(ctl.on_event(Event("finish", self.env.now, req_id=req.req_id), self.view))
+            acts = ctl.on_event(Event("finish", self.env.now, req_id=req.req_id), self.view)
+            if any(isinstance(a, Requeue) and a.replica == rep.replica_id for a in acts):
+                # This finish comes from inside the replica's own batch retire: evacuating
+                # it now would pull the batch from under that loop. Carry the actions out,
+                # in order, at this same instant once the retire has ended.
+                self.env.schedule(self.env.now, functools.partial(self._apply, acts), PRIO_CONTROL)
+            else:
+                self._apply(acts)
         if self.queue:
             self._pull_pools(rep.spec)
             if req.model == "default":
