@@ -17,16 +17,17 @@ Definitions (all times in seconds):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.metrics.qoe import andes_qoe, delivered_qoe
+from sloserve.metrics.run_summary import summarize_columns
 
-_PCTS = (50, 90, 99)
+if TYPE_CHECKING:  # pandas is imported where a table is built: --json runs never need it
+    import pandas as pd
 
 
 def token_times(req: Request, iter_end: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -165,13 +166,29 @@ def _timelines(
 def request_table(
     requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
 ) -> pd.DataFrame:
-    """One row per request with its timeline metrics and SLO outcomes.
+    """One row per request with its timeline metrics and SLO outcomes (the columns of
+    :func:`request_columns` as a DataFrame)."""
+    return table_of(request_columns(requests, iter_ends))
+
+
+def table_of(cols: Mapping[str, Sequence[Any]]) -> pd.DataFrame:
+    """The request table of :func:`request_columns`' columns (``COLUMNS`` first, in order,
+    then any a caller added)."""
+    import pandas as pd
+
+    return pd.DataFrame(cols, columns=list(cols))
+
+
+def request_columns(
+    requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
+) -> dict[str, list[Any]]:
+    """:func:`request_table`'s columns (name -> one value per request, ``COLUMNS`` order).
 
     Built column by column; the token timelines of requests served on one replica are
     gathered at once (:func:`_timelines`), failovers' client timelines one by one.
     """
-    if not requests:  # the same columns: an empty run still has a table to summarise
-        return pd.DataFrame({c: [] for c in COLUMNS}, columns=list(COLUMNS))
+    if not requests:
+        return {c: [] for c in COLUMNS}
     nan = float("nan")
     FINISHED = RequestStatus.FINISHED
     REJECTED = RequestStatus.REJECTED
@@ -287,7 +304,7 @@ def request_table(
         "slo_ok": c_slook,
         "reject_reason": [r.reject_reason for r in requests],
     }
-    return pd.DataFrame(cols, columns=list(COLUMNS))
+    return cols
 
 
 def _delivered_qoes(
@@ -382,18 +399,6 @@ def _meets(target: float | None, value: float, observed: bool) -> float:
     return 1.0 if value <= target + 1e-12 else 0.0
 
 
-def _stats(prefix: str, values: pd.Series, out: dict[str, Any]) -> None:
-    v = values.dropna().to_numpy(dtype=np.float64)
-    out[f"{prefix}_mean"] = float(v.mean()) if v.size else None
-    for p in _PCTS:
-        out[f"{prefix}_p{p}"] = float(np.percentile(v, p)) if v.size else None
-
-
-def _rate(x: pd.Series) -> float | None:
-    v = x.dropna()
-    return float(v.mean()) if len(v) else None
-
-
 def summarize(
     table: pd.DataFrame,
     *,
@@ -402,46 +407,13 @@ def summarize(
     policy: str,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON-serialisable summary of a run (documented in the README)."""
-    done = table[table["status"] == "finished"]
-    out: dict[str, Any] = {
-        "policy": policy,
-        "requests": len(table),
-        "finished": len(done),
-        "rejected": int((table["status"] == "rejected").sum()),
-        "aborted": int((table["status"] == "aborted").sum()),
-    }
-    for col, name in (
-        ("ttft_s", "ttft"),
-        ("tpot_s", "tpot"),
-        ("e2e_s", "e2e"),
-        ("normalized_latency_s", "normalized_latency"),
-        ("max_gap_s", "max_gap"),
-        ("queue_s", "queue"),
-    ):
-        _stats(name, done[col], out)
-    q = table["qoe"].dropna()
-    out["qoe_mean"] = float(q.mean()) if len(q) else None
-    out["qoe_p10"] = float(np.percentile(q, 10)) if len(q) else None
-    out["qoe_perfect_fraction"] = float((q >= 1.0 - 1e-9).mean()) if len(q) else None
-    out["slo_attainment"] = _rate(table["slo_ok"])
-    out["ttft_attainment"] = _rate(table["ttft_ok"])
-    out["tpot_attainment"] = _rate(table["tpot_ok"])
-    out["deadline_attainment"] = _rate(table["deadline_ok"])
-    out["slo_attainment_by_class"] = {
-        str(c): _rate(g["slo_ok"]) for c, g in table.groupby("class", sort=True)
-    }
-    span = simulated_seconds if simulated_seconds > 0 else float("nan")
-    out["throughput_tokens_per_s"] = (
-        float(done["generated_tokens"].sum() / span) if span == span else None
+    """The JSON-serialisable summary of a run (documented in the README), from its
+    request table (:func:`~sloserve.metrics.run_summary.summarize_columns` of its columns)."""
+    cols = {c: table[c].to_numpy() for c in table.columns}
+    return summarize_columns(
+        cols,
+        simulated_seconds=simulated_seconds,
+        wall_seconds=wall_seconds,
+        policy=policy,
+        extra=extra,
     )
-    out["throughput_requests_per_s"] = float(len(done) / span) if span == span else None
-    good = table[(table["status"] == "finished") & (table["slo_ok"].fillna(1.0) == 1.0)]
-    out["goodput_requests_per_s"] = float(len(good) / span) if span == span else None
-    out["preemptions"] = int(table["preemptions"].sum())
-    out["swaps"] = int(table["swaps"].sum())
-    out["simulated_seconds"] = simulated_seconds
-    out["wall_seconds"] = wall_seconds
-    if extra:
-        out.update(extra)
-    return out

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -53,6 +52,9 @@ from sloserve.workloads.lengths import LengthDist
 from sloserve.workloads.loaders import TraceFormat, TraceTable, load_trace
 from sloserve.workloads.mixes import get_mix
 from sloserve.workloads.rules import SLO_PRESETS, ClassRule, QoERule, SloPreset
+
+if TYPE_CHECKING:  # pandas is imported by the functions that need it (start-up time)
+    import pandas as pd
 
 
 class ReplayOptions(BaseModel):

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from sloserve.core.bounds import (
@@ -27,6 +26,9 @@ from sloserve.core.bounds import (
 )
 from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import WorkloadError
+
+if TYPE_CHECKING:  # pandas is imported by the functions that need it (start-up time)
+    import pandas as pd
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
@@ -77,6 +79,8 @@ class _Lines:
 
 
 def _numeric(df: pd.DataFrame, col: str, path: Path, _line: _Lines) -> NDArray[np.float64]:
+    import pandas as pd
+
     raw = df[col]
     num = pd.to_numeric(raw, errors="coerce")
     bad = num.isna() & raw.notna()
