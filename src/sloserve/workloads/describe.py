@@ -40,7 +40,6 @@ def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
     """The requests as a trace table (the columns of :data:`TRACE_COLUMNS`)."""
     import pandas as pd
 
-
     def opt(v: float | None) -> float:
         return float("nan") if v is None else v
 

@@ -38,34 +38,21 @@ import json
 import re
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from sloserve.core.bounds import Index, Time, Tokens, bound_text, first_violation
 from sloserve.core.errors import WorkloadError, did_you_mean
 from sloserve.workloads.trace import COLUMN_BOUNDS
+from sloserve.workloads.trace_table import TraceTable as TraceTable  # re-exported
 
 if TYPE_CHECKING:  # pandas is imported by the functions that need it (start-up time)
     import pandas as pd
 
 TraceFormat = Literal["auto", "sloserve", "azure", "burstgpt", "mooncake", "sharegpt", "table"]
 TOKENS_PER_WORD = 1.3  # Andes' approximation ("one word as 1.3 tokens on average")
-
-
-@dataclass
-class TraceTable:
-    """A loaded trace: the data and what was done to it."""
-
-    df: pd.DataFrame
-    source: str
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def has_arrivals(self) -> bool:
-        return "arrival_s" in self.df.columns
 
 
 def _fail(path: Path, line: int | None, column: str | None, msg: str) -> WorkloadError:
@@ -467,23 +454,23 @@ def load_table(
 
 def load_sloserve(path: str | Path) -> TraceTable:
     """This package's own trace CSV, exactly as given (see :mod:`~sloserve.workloads.trace`)."""
-    import pandas as pd
-
     from sloserve.workloads.trace import read_trace
 
     c = read_trace(path)
-    df = pd.DataFrame(
-        {"arrival_s": c.arrival, "prompt_tokens": c.prompt, "output_tokens": c.output}
-    )
+    cols: dict[str, Any] = {
+        "arrival_s": c.arrival,
+        "prompt_tokens": c.prompt,
+        "output_tokens": c.output,
+    }
     if c.req_class is not None:
-        df["class"] = c.req_class
+        cols["class"] = c.req_class
     if c.model is not None:
-        df["model"] = c.model
+        cols["model"] = c.model
     if c.priority is not None:
-        df["priority"] = c.priority
-    for k, v in c.slo.items():
-        df[k] = v
-    return TraceTable(df, f"sloserve:{Path(path).name}")
+        cols["priority"] = c.priority
+    cols.update(c.slo)
+    # Columns, not a DataFrame: a replay reads them without importing pandas.
+    return TraceTable(None, f"sloserve:{Path(path).name}", columns=cols)
 
 
 KNOWN_COLUMNS = (
