@@ -65,6 +65,7 @@ def test_plain_files_read_as_pandas_reads_them(
         "a,a\n1,2\n",  # duplicate names
         "a,b\n1,2,3\n",  # a row longer than the header
         "a,b\n1\n",  # a row shorter than the header
+        "a,b\n1,2,3\n4\n",  # one longer, one shorter: the right number of commas in all
         "\ufeffa,b\n1,2\n",  # BOM
     ],
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,8 @@ TextColumns = dict[str, list[str | None]]
 _UNPLAIN = re.compile(r'["\r\t \ufeff\x00]')
 # Plain decimals only (no inf/nan words, no "+", no "_", integers of at most 15 digits):
 # the cells where float() and pandas' conversion are checked to agree.
-_NUMBER = r"-?(?:\d{1,15}|\d+\.\d*|\.\d+)(?:[eE][+-]?\d{1,3})?"
+_BLANK_LINE = re.compile(r"^,*$", re.MULTILINE)  # empty, or only empty cells
+_NUMBER = r"-?(?:\d+\.\d*|\.\d+|\d{1,15})(?:[eE][+-]?\d{1,3})?"
 _PLAIN_NUMBER = re.compile(_NUMBER)
 _PLAIN_COLUMN = re.compile(rf"(?:{_NUMBER})?(?:\n(?:{_NUMBER})?)*")
 
@@ -53,6 +55,17 @@ def _plain_csv(path: Path) -> tuple[TextColumns, NDArray[np.int64]] | None:
     width = len(header)
     if "" in header or len(set(header)) != width:
         return None  # pandas names (Unnamed: k) or renames (a.1) those
+    body = lines[1:]
+    # The common case, every line a row of ``width`` cells: one split for the whole file.
+    # (The final newline is left out of the search: "^" matches after it.)
+    end = len(text) - 1 if text.endswith("\n") else len(text)
+    commas = set(map(str.count, body, repeat(",", len(body))))
+    if body and commas == {width - 1} and not _BLANK_LINE.search(text, 0, end):
+        flat = ",".join(body).split(",")
+        cols: TextColumns = {
+            name: [c or None for c in flat[j::width]] for j, name in enumerate(header)
+        }
+        return cols, np.arange(2, len(body) + 2, dtype=np.int64)
     rows: list[list[str]] = []
     line_no: list[int] = []
     for k in range(1, len(lines)):
@@ -67,7 +80,7 @@ def _plain_csv(path: Path) -> tuple[TextColumns, NDArray[np.int64]] | None:
         line_no.append(k + 1)
     if not rows:
         return None
-    cols: TextColumns = {}
+    cols = {}
     for j, name in enumerate(header):
         cols[name] = [r[j] or None for r in rows]
     return cols, np.asarray(line_no, dtype=np.int64)
@@ -96,6 +109,8 @@ def read_text_columns(
 def to_floats(cells: Sequence[str | None]) -> NDArray[np.float64]:
     """``pd.to_numeric(cells, errors="coerce")`` as float64: NaN for an empty cell or one
     that is no number."""
+    if not any(cells):  # an optional column left empty
+        return np.full(len(cells), np.nan)
     # One regex pass over the whole column decides; then one float() per cell in C.
     joined = "\n".join([c or "" for c in cells])
     if joined.count("\n") == len(cells) - 1 and _PLAIN_COLUMN.fullmatch(joined):

@@ -376,12 +376,13 @@ def _qoe_part(
     whole = np.repeat(x[seg + n - 1], n)
     whole -= ideal  # a[-1] - ideal
     x -= ideal  # a - ideal
+    total = np.add.reduce  # ndarray.sum's own reduction, without its Python wrapper
     for k, (o, m) in zip(rows, bounds, strict=True):
-        s_whole = float(whole[o : o + m].sum())
+        s_whole = float(total(whole[o : o + m]))
         if s_whole <= 0:
             out[k] = 1.0
             continue
-        s_delay = float(x[o : o + m].sum())
+        s_delay = float(total(x[o : o + m]))
         out[k] = min(1.0, max(0.0, 1.0 - s_delay / s_whole))
 
 

@@ -161,20 +161,19 @@ def requests_from_rows(
         rule_ttft = [max(p / rate, floor) for p in prompt]
     hashes = rows["hash_ids"] if "hash_ids" in rows else [None] * n
     slos: dict[tuple[float | None, float | None, float | None], SLO] = {}
-
-    def pick(v: float, default: float | None) -> float | None:
-        return default if v != v else v  # v != v: NaN, an empty cell
-
     out: list[Request] = []
+    # An empty cell reads as NaN (v != v): the class rule's value, or the drawn speed.
     for i in range(n):
         c = classes[i]
         rule = rules[c]
         speed = speeds[i]
+        a, b, d = ttft_slo[i], tpot_slo[i], deadline[i]
         key = (
-            pick(ttft_slo[i], rule.ttft_s),
-            pick(tpot_slo[i], rule.tpot_s),
-            pick(deadline[i], rule.deadline_s),
+            rule.ttft_s if a != a else a,
+            rule.tpot_s if b != b else b,
+            rule.deadline_s if d != d else d,
         )
+        qt, qs = qoe_ttft[i], qoe_speed[i]
         try:
             slo = slos.get(key)
             if slo is None:  # one (immutable) SLO per distinct targets, validated once
@@ -190,8 +189,8 @@ def requests_from_rows(
                     model=model[i],
                     slo=slo,
                     qoe=QoESpec(
-                        pick(qoe_ttft[i], rule_ttft[i]) or 0.0,
-                        pick(qoe_speed[i], speed) or speed,
+                        (rule_ttft[i] if qt != qt else qt) or 0.0,
+                        (speed if qs != qs else qs) or speed,
                     ),
                     hash_ids=hashes[i],
                 )
