@@ -102,7 +102,14 @@ def _joined_logs(
 
 def _timelines(
     requests: Sequence[Request], log: NDArray[np.float64], offset: Mapping[int, int]
-) -> tuple[NDArray[np.float64], list[int], list[int], list[float], list[float], list[float]]:
+) -> tuple[
+    NDArray[np.float64],
+    list[int],
+    list[int],
+    NDArray[np.float64],
+    NDArray[np.float64],
+    NDArray[np.float64],
+]:
     """Token times of every request served on one replica (no failover), all at once.
 
     Returns the concatenated token times, each request's start in them and token count
@@ -123,13 +130,9 @@ def _timelines(
             nruns.append(len(runs) // 2)
             offs.append(offset[r.instance_id])
             who.append(k)
-    starts = [0] * m
-    counts = [0] * m
-    ttft = [nan] * m
-    tpot = [nan] * m
-    gap = [nan] * m
     if not who:
-        return np.empty(0), starts, counts, ttft, tpot, gap
+        none = np.full(m, nan)
+        return np.empty(0), [0] * m, [0] * m, none, none.copy(), none.copy()
     ab = (
         np.asarray(flat, dtype=np.int64).reshape(-1, 2)
         + np.repeat(np.asarray(offs, dtype=np.int64), nruns)[:, None]
@@ -155,12 +158,13 @@ def _timelines(
         diffs[-1] = 0.0
         bounds = np.stack((s[multi], last[multi]), axis=1).ravel()
         t_gap[multi] = np.maximum.reduceat(diffs, bounds)[::2]
-    for j, k in enumerate(who):
-        starts[k] = int(s[j])
-        counts[k] = int(n[j])
-    for k, a, b, c in zip(who, t_ttft.tolist(), t_tpot.tolist(), t_gap.tolist(), strict=True):
-        ttft[k], tpot[k], gap[k] = a, b, c
-    return times, starts, counts, ttft, tpot, gap
+    at = np.asarray(who, dtype=np.int64)
+    a_start = np.zeros(m, dtype=np.int64)
+    a_count = np.zeros(m, dtype=np.int64)
+    a_start[at], a_count[at] = s, n
+    a_ttft, a_tpot, a_gap = np.full(m, nan), np.full(m, nan), np.full(m, nan)
+    a_ttft[at], a_tpot[at], a_gap[at] = t_ttft, t_tpot, t_gap
+    return times, a_start.tolist(), a_count.tolist(), a_ttft, a_tpot, a_gap
 
 
 def request_table(
