@@ -160,24 +160,42 @@ def requests_from_rows(
         rate, floor = qoe.prefill_tokens_per_s, qoe.min_ttft_s
         rule_ttft = [max(p / rate, floor) for p in prompt]
     hashes = rows["hash_ids"] if "hash_ids" in rows else [None] * n
+    # Shared immutable SLO and QoE specs, one per distinct value, each validated where it
+    # first occurs (the same error, at the same request, as building one per row).
     slos: dict[tuple[float | None, float | None, float | None], SLO] = {}
+    qoes: dict[tuple[float, float], QoESpec] = {}
+    # Without any SLO cell, a request's SLO is its class rule's.
+    per_row_slo = any(
+        k in rows and not np.isnan(rows[k]).all()
+        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s")
+    )
     out: list[Request] = []
     # An empty cell reads as NaN (v != v): the class rule's value, or the drawn speed.
     for i in range(n):
         c = classes[i]
         rule = rules[c]
         speed = speeds[i]
-        a, b, d = ttft_slo[i], tpot_slo[i], deadline[i]
-        key = (
-            rule.ttft_s if a != a else a,
-            rule.tpot_s if b != b else b,
-            rule.deadline_s if d != d else d,
-        )
+        if per_row_slo:
+            a, b, d = ttft_slo[i], tpot_slo[i], deadline[i]
+            key = (
+                rule.ttft_s if a != a else a,
+                rule.tpot_s if b != b else b,
+                rule.deadline_s if d != d else d,
+            )
+        else:
+            key = (rule.ttft_s, rule.tpot_s, rule.deadline_s)
         qt, qs = qoe_ttft[i], qoe_speed[i]
+        qa = (rule_ttft[i] if qt != qt else qt) or 0.0
+        qb = (speed if qs != qs else qs) or speed
         try:
             slo = slos.get(key)
-            if slo is None:  # one (immutable) SLO per distinct targets, validated once
+            if slo is None:
                 slo = slos[key] = SLO(*key)
+            spec_q = qoes.get((qa, qb)) if qa else None  # 0.0 and -0.0: not shared
+            if spec_q is None:
+                spec_q = QoESpec(qa, qb)
+                if qa:
+                    qoes[qa, qb] = spec_q
             out.append(
                 Request(
                     req_id=i,
@@ -188,10 +206,7 @@ def requests_from_rows(
                     priority=rule.priority if prio is None or prio[i] != prio[i] else int(prio[i]),
                     model=model[i],
                     slo=slo,
-                    qoe=QoESpec(
-                        (rule_ttft[i] if qt != qt else qt) or 0.0,
-                        (speed if qs != qs else qs) or speed,
-                    ),
+                    qoe=spec_q,
                     hash_ids=hashes[i],
                 )
             )
