@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sim_speed import TRACE, azure_requests  # the same length sampling
 
 N = 16384
 LIMITS = ["--max-running", "128", "--max-batch-tokens", "4096"]
@@ -45,6 +44,8 @@ def build_trace(cache: Path, rate: float) -> Path:
     path = cache / f"azure_conv_{N}_rate{rate:g}.csv"
     if path.exists():
         return path
+    from sim_speed import azure_requests  # the same length sampling (it imports pandas)
+
     from sloserve.workloads.describe import export_trace
 
     reqs = azure_requests(N)
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("--print-commands", action="store_true", help="print the commands only")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    from sim_speed import TRACE
+
     if not TRACE.exists():
         print(f"missing {TRACE}", file=sys.stderr)
         return 2

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from sloserve.core.errors import SloserveError
+
+if TYPE_CHECKING:  # pandas is imported when a CSV is read (start-up time)
+    import pandas as pd
 
 
 def read_strict_csv(
@@ -26,6 +29,8 @@ def read_strict_csv(
     ``error``. Column names are stripped; unnamed columns (a row with more fields than the
     header) are left for the caller to report in its own terms.
     """
+    import pandas as pd
+
     p = Path(path)
     try:
         with warnings.catch_warnings():

@@ -24,15 +24,15 @@ Watch events are control events: they do not change the run's result.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
-import pandas as pd
 
 from sloserve.cluster.cluster import Cluster
 from sloserve.cluster.config import ClusterConfig
@@ -60,8 +60,12 @@ from sloserve.experiments.runner import (
     workload_of,
 )
 from sloserve.experiments.session_feeder import SessionFeeder
-from sloserve.metrics.summary import request_table, summarize
+from sloserve.metrics.run_summary import rates_by, summarize_columns
+from sloserve.metrics.summary import request_columns, table_of
 from sloserve.workloads.spec import Workload
+
+if TYPE_CHECKING:  # pandas is imported when a table is first read (start-up time)
+    import pandas as pd
 
 
 class RunWatch(Protocol):
@@ -393,27 +397,11 @@ def _result(
     incs = [(rep, inst) for rep in clu.replicas for inst in rep.incarnations]
     iter_ends = {inst.instance_id: np.asarray(inst.iter_end, dtype=np.float64) for _, inst in incs}
     replica_of = {inst.instance_id: rep.replica_id for rep, inst in incs}
-    table = request_table(reqs, {**iter_ends, -1: np.empty(0)})
-    if len(table):
-        table["replica"] = [replica_of.get(i, -1) for i in table["instance"]]
-        table["failovers"] = [r.num_failovers for r in reqs]
-        table["abort_reason"] = [clu.abort_reasons.get(r.req_id, "") for r in reqs]
-    traces = []
-    for rep, inst in incs:
-        tr = pd.DataFrame(
-            {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
-        )
-        if len(tr):
-            tr["kv_usage"] = tr["kv_used_blocks"] / inst.kv.num_blocks
-        tr["replica"] = rep.replica_id
-        tr["instance"] = inst.instance_id
-        traces.append(tr)
-    if not traces:  # no replica ever started (every one joins after the run ended)
-        cols = [f.name for f in dataclasses.fields(InstanceTrace)]
-        traces = [pd.DataFrame({c: [] for c in [*cols, "replica", "instance"]})]
-    trace = pd.concat(traces, ignore_index=True) if len(traces) > 1 else traces[0]
-    if len(traces) > 1:
-        trace = trace.sort_values("time", kind="stable").reset_index(drop=True)
+    cols = request_columns(reqs, {**iter_ends, -1: np.empty(0)})
+    if reqs:
+        cols["replica"] = [replica_of.get(i, -1) for i in cols["instance"]]
+        cols["failovers"] = [r.num_failovers for r in reqs]
+        cols["abort_reason"] = [clu.abort_reasons.get(r.req_id, "") for r in reqs]
     # A replica of a TP-n profile holds n GPUs: GPU-seconds are replica-seconds times n,
     # utilisation is busy time over replica-seconds.
     tps: dict[str, int] = {}
@@ -443,8 +431,8 @@ def _result(
             [i.kv for i in insts], replicas=[replica_of[i.instance_id] for i in insts], end=sim_s
         ),
     }
-    summary = summarize(
-        table,
+    summary = summarize_columns(
+        cols,
         simulated_seconds=sim_s,
         wall_seconds=time.perf_counter() - t0,
         policy=policies[0] if len(policies) == 1 else "+".join(policies),
@@ -492,19 +480,15 @@ def _result(
     summary["kv_transfers"] = len(ho.durations) if ho else 0
     summary["kv_transfer_s_mean"] = float(np.mean(ho.durations)) if ho and ho.durations else None
     summary["kv_transfers_lost"] = ho.lost if ho else 0
-    if len(table) and (table["model"] != "default").any():
-        summary["slo_attainment_by_model"] = {
-            str(m): (float(v.mean()) if len(v := g["slo_ok"].dropna()) else None)
-            for m, g in table.groupby("model", sort=True)
-        }
+    if any(m != "default" for m in cols["model"]):
+        ok = np.asarray(cols["slo_ok"], dtype=np.float64)
+        summary["slo_attainment_by_model"] = rates_by(cols["model"], ok)
     summary["model_loads_by_tier"] = dict(
         sorted(Counter(t for rep in clu.replicas for *_, t in rep.loads).items())
     )
-    if len(table) and "deadline_ok" in table:
-        summary["deadline_attainment_by_class"] = {
-            str(c): (float(v.mean()) if len(v := g["deadline_ok"].dropna()) else None)
-            for c, g in table.groupby("class", sort=True)
-        }
+    if reqs:
+        ok = np.asarray(cols["deadline_ok"], dtype=np.float64)
+        summary["deadline_attainment_by_class"] = rates_by(cols["class"], ok)
     if isinstance(clu.router, QLMRouter):
         summary["qlm"] = clu.router.summary()
     summary["wall_seconds"] = time.perf_counter() - t0
@@ -512,9 +496,9 @@ def _result(
     return ClusterRunResult(
         cfg,
         reqs,
-        table,
+        functools.partial(table_of, cols),
         summary,
-        trace,
+        functools.partial(_trace_table, incs),
         iter_end,
         cluster=clu,
         iter_ends=iter_ends,
@@ -522,8 +506,34 @@ def _result(
     )
 
 
+def _trace_table(incs: list[tuple[Any, Instance]]) -> pd.DataFrame:
+    """Every instance's trace (one row per scheduling decision), ``replica``, ``instance``
+    and ``kv_usage`` added, in time order (built when a caller first reads it)."""
+    import pandas as pd
+
+    traces = []
+    for rep, inst in incs:
+        tr = pd.DataFrame(
+            {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
+        )
+        if len(tr):
+            tr["kv_usage"] = tr["kv_used_blocks"] / inst.kv.num_blocks
+        tr["replica"] = rep.replica_id
+        tr["instance"] = inst.instance_id
+        traces.append(tr)
+    if not traces:  # no replica ever started (every one joins after the run ended)
+        cols = [f.name for f in dataclasses.fields(InstanceTrace)]
+        traces = [pd.DataFrame({c: [] for c in [*cols, "replica", "instance"]})]
+    trace = pd.concat(traces, ignore_index=True) if len(traces) > 1 else traces[0]
+    if len(traces) > 1:
+        trace = trace.sort_values("time", kind="stable").reset_index(drop=True)
+    return trace
+
+
 def decisions_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The routing records as a table: one ``score_<scorer>`` list column per scorer."""
+    import pandas as pd
+
     names = sorted({n for r in rows for n in r["scores"]})
     flat = []
     for r in rows:

@@ -14,13 +14,16 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sloserve.core.errors import ConfigError
-from sloserve.experiments.runner import RunResult
+
+if TYPE_CHECKING:  # pandas only where files are written: --json imports this module too
+    import pandas as pd
+
+    from sloserve.experiments.runner import RunResult
 
 SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("finished", "done", "{:d}"),
@@ -150,6 +153,8 @@ def run_caption(info: Mapping[str, Any]) -> str:
 
 def write_report(results: Mapping[str, RunResult], out: str | Path, *, plots: bool = True) -> Path:
     """Write the report folder; returns its path."""
+    import pandas as pd
+
     out_dir = Path(out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

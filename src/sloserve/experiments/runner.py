@@ -10,10 +10,9 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sloserve.core.bounds import Count, Fraction, GiB, Seconds, Tokens
@@ -31,7 +30,8 @@ from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.gc_freeze import frozen
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.qoe import consumption_times
-from sloserve.metrics.summary import request_table, summarize, token_times
+from sloserve.metrics.run_summary import summarize_columns
+from sloserve.metrics.summary import request_columns, table_of, token_times
 from sloserve.policies.registry import make_policy
 from sloserve.workloads.arrivals import ConstantArrivals
 from sloserve.workloads.batch_jobs import batch_job_requests
@@ -42,6 +42,9 @@ from sloserve.workloads.spec import (
     batch_rng,
     build_workload,
 )
+
+if TYPE_CHECKING:  # pandas is imported when a table is first read (start-up time)
+    import pandas as pd
 
 
 class InstanceConfig(BaseModel):
@@ -106,14 +109,40 @@ class SimConfig(BaseModel):
 
 @dataclass
 class RunResult:
-    """Everything one run produced; ``table`` and ``trace`` are data, plots come later."""
+    """Everything one run produced; ``table`` and ``trace`` are data, plots come later.
+
+    Both are pandas DataFrames built on first use (the constructor takes a DataFrame or a
+    function returning one): a caller that reads only ``summary`` (``simulate --json``)
+    never builds them, nor imports pandas."""
 
     config: SimConfig
     requests: list[Request]
-    table: pd.DataFrame
+    _table: pd.DataFrame | Callable[[], pd.DataFrame] = field(repr=False)
     summary: dict[str, Any]
-    trace: pd.DataFrame
+    _trace: pd.DataFrame | Callable[[], pd.DataFrame] = field(repr=False)
     iter_end: np.ndarray = field(repr=False)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per request (:func:`~sloserve.metrics.summary.request_table`)."""
+        if callable(self._table):
+            self._table = self._table()
+        return self._table
+
+    @table.setter
+    def table(self, value: pd.DataFrame) -> None:
+        self._table = value
+
+    @property
+    def trace(self) -> pd.DataFrame:
+        """One row per scheduling decision (the instance's trace, ``kv_usage`` added)."""
+        if callable(self._trace):
+            self._trace = self._trace()
+        return self._trace
+
+    @trace.setter
+    def trace(self, value: pd.DataFrame) -> None:
+        self._trace = value
 
     def timeline(self, req_id: int) -> pd.DataFrame:
         """One request's token timeline: when each token was delivered, when its user
@@ -122,6 +151,8 @@ class RunResult:
         if req is None:
             raise ConfigError(f"no request {req_id} in this run")
         delivered = token_times(req, self.iter_end)
+        import pandas as pd
+
         out = pd.DataFrame({"token": np.arange(1, delivered.size + 1), "delivered_s": delivered})
         if req.qoe is not None:
             q = req.qoe
@@ -291,15 +322,10 @@ def simulate(
         reqs = reqs + feeder.submitted
     # Requests whose arrival lies beyond the horizon never reached the replica.
     reqs = [r for r in reqs + turns.submitted if r.instance_id >= 0]
-    table = request_table(reqs, {inst.instance_id: iter_end})
-    trace = pd.DataFrame(
-        {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
-    )
-    if len(trace):
-        trace["kv_usage"] = trace["kv_used_blocks"] / inst.kv.num_blocks
+    cols = request_columns(reqs, {inst.instance_id: iter_end})
     wall = time.perf_counter() - t0
-    summary = summarize(
-        table,
+    summary = summarize_columns(
+        cols,
         simulated_seconds=sim_s,
         wall_seconds=wall,
         policy=cfg.policy,
@@ -319,7 +345,25 @@ def simulate(
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0
-    return RunResult(cfg, reqs, table, summary, trace, iter_end)
+    return RunResult(
+        cfg, reqs, functools.partial(table_of, cols), summary, _trace_of(inst), iter_end
+    )
+
+
+def _trace_of(inst: Instance) -> Callable[[], pd.DataFrame]:
+    """What builds ``inst``'s trace table (one row per scheduling decision) when read."""
+
+    def build() -> pd.DataFrame:
+        import pandas as pd
+
+        trace = pd.DataFrame(
+            {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
+        )
+        if len(trace):
+            trace["kv_usage"] = trace["kv_used_blocks"] / inst.kv.num_blocks
+        return trace
+
+    return build
 
 
 class RequestSink(Protocol):

@@ -17,16 +17,17 @@ Definitions (all times in seconds):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.metrics.qoe import andes_qoe, delivered_qoe
+from sloserve.metrics.run_summary import summarize_columns
 
-_PCTS = (50, 90, 99)
+if TYPE_CHECKING:  # pandas is imported where a table is built: --json runs never need it
+    import pandas as pd
 
 
 def token_times(req: Request, iter_end: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -101,7 +102,14 @@ def _joined_logs(
 
 def _timelines(
     requests: Sequence[Request], log: NDArray[np.float64], offset: Mapping[int, int]
-) -> tuple[NDArray[np.float64], list[int], list[int], list[float], list[float], list[float]]:
+) -> tuple[
+    NDArray[np.float64],
+    list[int],
+    list[int],
+    NDArray[np.float64],
+    NDArray[np.float64],
+    NDArray[np.float64],
+]:
     """Token times of every request served on one replica (no failover), all at once.
 
     Returns the concatenated token times, each request's start in them and token count
@@ -122,13 +130,9 @@ def _timelines(
             nruns.append(len(runs) // 2)
             offs.append(offset[r.instance_id])
             who.append(k)
-    starts = [0] * m
-    counts = [0] * m
-    ttft = [nan] * m
-    tpot = [nan] * m
-    gap = [nan] * m
     if not who:
-        return np.empty(0), starts, counts, ttft, tpot, gap
+        none = np.full(m, nan)
+        return np.empty(0), [0] * m, [0] * m, none, none.copy(), none.copy()
     ab = (
         np.asarray(flat, dtype=np.int64).reshape(-1, 2)
         + np.repeat(np.asarray(offs, dtype=np.int64), nruns)[:, None]
@@ -154,99 +158,49 @@ def _timelines(
         diffs[-1] = 0.0
         bounds = np.stack((s[multi], last[multi]), axis=1).ravel()
         t_gap[multi] = np.maximum.reduceat(diffs, bounds)[::2]
-    for j, k in enumerate(who):
-        starts[k] = int(s[j])
-        counts[k] = int(n[j])
-    for k, a, b, c in zip(who, t_ttft.tolist(), t_tpot.tolist(), t_gap.tolist(), strict=True):
-        ttft[k], tpot[k], gap[k] = a, b, c
-    return times, starts, counts, ttft, tpot, gap
+    at = np.asarray(who, dtype=np.int64)
+    a_start = np.zeros(m, dtype=np.int64)
+    a_count = np.zeros(m, dtype=np.int64)
+    a_start[at], a_count[at] = s, n
+    a_ttft, a_tpot, a_gap = np.full(m, nan), np.full(m, nan), np.full(m, nan)
+    a_ttft[at], a_tpot[at], a_gap[at] = t_ttft, t_tpot, t_gap
+    return times, a_start.tolist(), a_count.tolist(), a_ttft, a_tpot, a_gap
 
 
 def request_table(
     requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
 ) -> pd.DataFrame:
-    """One row per request with its timeline metrics and SLO outcomes.
+    """One row per request with its timeline metrics and SLO outcomes (the columns of
+    :func:`request_columns` as a DataFrame)."""
+    return table_of(request_columns(requests, iter_ends))
+
+
+def table_of(cols: Mapping[str, Sequence[Any]]) -> pd.DataFrame:
+    """The request table of :func:`request_columns`' columns (``COLUMNS`` first, in order,
+    then any a caller added)."""
+    import pandas as pd
+
+    return pd.DataFrame(cols, columns=list(cols))
+
+
+def request_columns(
+    requests: Sequence[Request], iter_ends: Mapping[int, NDArray[np.float64]]
+) -> dict[str, list[Any]]:
+    """:func:`request_table`'s columns (name -> one value per request, ``COLUMNS`` order).
 
     Built column by column; the token timelines of requests served on one replica are
     gathered at once (:func:`_timelines`), failovers' client timelines one by one.
     """
-    if not requests:  # the same columns: an empty run still has a table to summarise
-        return pd.DataFrame({c: [] for c in COLUMNS}, columns=list(COLUMNS))
+    if not requests:
+        return {c: [] for c in COLUMNS}
     nan = float("nan")
-    FINISHED = RequestStatus.FINISHED
-    REJECTED = RequestStatus.REJECTED
     log, offset = _joined_logs(iter_ends)
-    c_ttft: list[float] = []
-    c_tpot: list[float] = []
-    c_gap: list[float] = []
-    c_e2e: list[float] = []
-    c_norm: list[float] = []
-    c_qoe: list[float] = []
-    c_tok: list[float] = []
-    c_tpok: list[float] = []
-    c_dlok: list[float] = []
-    c_slook: list[float] = []
+    derived: dict[str, list[float]] = {k: [] for k in _DERIVED}
     # In chunks: the gathered token times of a chunk are the only per-token arrays alive.
     for lo in range(0, len(requests), _CHUNK):
-        chunk = requests[lo : lo + _CHUNK]
-        times, starts, counts, ttfts, tpots, gaps = _timelines(chunk, log, offset)
-        qoes = _delivered_qoes(chunk, times, starts, counts)
-        for k, r in enumerate(chunk):
-            arrival = r.arrival
-            n = counts[k]
-            if n:
-                ttft, tpot, max_gap = ttfts[k], tpots[k], gaps[k]
-                t = _EMPTY  # (only the in-flight QoE below reads t, never for these)
-            else:
-                t = token_times(r, iter_ends[r.instance_id]) if r.streamed_times else _EMPTY
-                n = t.size
-                ttft = float(t[0]) - arrival if n else nan
-                tpot = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan
-                max_gap = float(np.max(np.diff(t))) if n > 1 else nan
-            status = r.status
-            finished = status is FINISHED
-            finish_time = r.finish_time
-            e2e = (finish_time - arrival) if finished and finish_time is not None else nan
-            qoe = nan
-            rq = r.qoe
-            if rq is not None:
-                if status is REJECTED:
-                    qoe = 0.0
-                elif finished and counts[k]:
-                    qoe = qoes[k]
-                else:
-                    if counts[k]:
-                        t = times[starts[k] : starts[k] + counts[k]]
-                    if finished:
-                        qoe = andes_qoe(arrival, t, rq.ttft_s, rq.tokens_per_s)
-                    elif finish_time is not None:
-                        qoe = andes_qoe(
-                            arrival,
-                            t,
-                            rq.ttft_s,
-                            rq.tokens_per_s,
-                            now=finish_time,
-                            total_tokens=r.true_output_len,
-                        )
-            slo = r.slo
-            if slo.empty:
-                ttft_ok = tpot_ok = dl_ok = slo_ok = nan
-            else:
-                ttft_ok = _meets(slo.ttft_s, ttft, finished or n > 0)
-                tpot_ok = _meets(slo.tpot_s, tpot if n > 1 else 0.0, finished)
-                dl_ok = _meets(slo.deadline_s, e2e, finished)
-                met = all(v != 0.0 for v in (ttft_ok, tpot_ok, dl_ok) if v == v)
-                slo_ok = float(finished and met)
-            c_ttft.append(ttft)
-            c_tpot.append(tpot)
-            c_gap.append(max_gap)
-            c_e2e.append(e2e)
-            c_norm.append(e2e / r.true_output_len if finished else nan)
-            c_qoe.append(qoe)
-            c_tok.append(ttft_ok)
-            c_tpok.append(tpot_ok)
-            c_dlok.append(dl_ok)
-            c_slook.append(slo_ok)
+        part = _chunk_columns(requests[lo : lo + _CHUNK], log, offset, iter_ends)
+        for k, v in part.items():
+            derived[k].extend(v)
     # The plain columns, one comprehension each (faster than appending row by row).
     status_name = {s: s.name.lower() for s in RequestStatus}
     slos = [r.slo for r in requests]
@@ -266,14 +220,14 @@ def request_table(
             (r.first_scheduled - r.arrival) if r.first_scheduled is not None else nan
             for r in requests
         ],
-        "ttft_s": c_ttft,
-        "tpot_s": c_tpot,
-        "atgt_s": list(c_tpot),
-        "max_gap_s": c_gap,
-        "e2e_s": c_e2e,
-        "normalized_latency_s": c_norm,
+        "ttft_s": derived["ttft_s"],
+        "tpot_s": derived["tpot_s"],
+        "atgt_s": list(derived["tpot_s"]),
+        "max_gap_s": derived["max_gap_s"],
+        "e2e_s": derived["e2e_s"],
+        "normalized_latency_s": derived["normalized_latency_s"],
         "finish_s": [r.finish_time if r.finish_time is not None else nan for r in requests],
-        "qoe": c_qoe,
+        "qoe": derived["qoe"],
         "preemptions": [r.num_preemptions for r in requests],
         "swaps": [r.num_swaps for r in requests],
         "slo_ttft_s": [x.ttft_s if x.ttft_s is not None else nan for x in slos],
@@ -281,13 +235,125 @@ def request_table(
         "slo_deadline_s": [x.deadline_s if x.deadline_s is not None else nan for x in slos],
         "qoe_ttft_s": [q.ttft_s if q is not None else nan for q in qspecs],
         "qoe_tokens_per_s": [q.tokens_per_s if q is not None else nan for q in qspecs],
-        "ttft_ok": c_tok,
-        "tpot_ok": c_tpok,
-        "deadline_ok": c_dlok,
-        "slo_ok": c_slook,
+        "ttft_ok": derived["ttft_ok"],
+        "tpot_ok": derived["tpot_ok"],
+        "deadline_ok": derived["deadline_ok"],
+        "slo_ok": derived["slo_ok"],
         "reject_reason": [r.reject_reason for r in requests],
     }
-    return pd.DataFrame(cols, columns=list(COLUMNS))
+    return cols
+
+
+_DERIVED = (
+    "ttft_s",
+    "tpot_s",
+    "max_gap_s",
+    "e2e_s",
+    "normalized_latency_s",
+    "qoe",
+    "ttft_ok",
+    "tpot_ok",
+    "deadline_ok",
+    "slo_ok",
+)
+
+
+def _chunk_columns(
+    chunk: Sequence[Request],
+    log: NDArray[np.float64],
+    offset: Mapping[int, int],
+    iter_ends: Mapping[int, NDArray[np.float64]],
+) -> dict[str, list[float]]:
+    """The timeline and SLO columns of some requests, column by column: the same values,
+    operations and order as one request at a time (IEEE float64 either way), with what is
+    rare (a failover's client timeline, an in-flight QoE) still done one by one."""
+    nan = float("nan")
+    FINISHED = RequestStatus.FINISHED
+    REJECTED = RequestStatus.REJECTED
+    times, starts, counts, ttfts, tpots, gaps = _timelines(chunk, log, offset)
+    qoes = _delivered_qoes(chunk, times, starts, counts)
+    ttft = np.asarray(ttfts, dtype=np.float64)
+    tpot = np.asarray(tpots, dtype=np.float64)
+    gap = np.asarray(gaps, dtype=np.float64)
+    ntok = np.asarray(counts, dtype=np.int64)
+    own: dict[int, NDArray[np.float64]] = {}  # token times of the requests done one by one
+    for k in np.flatnonzero(ntok == 0).tolist():
+        r = chunk[k]
+        t = token_times(r, iter_ends[r.instance_id]) if r.streamed_times else _EMPTY
+        own[k] = t
+        n = t.size
+        ntok[k] = n
+        ttft[k] = float(t[0]) - r.arrival if n else nan
+        tpot[k] = (float(t[-1]) - float(t[0])) / (n - 1) if n > 1 else nan
+        gap[k] = float(np.max(np.diff(t))) if n > 1 else nan
+    status = [r.status for r in chunk]
+    finished = np.asarray([st is FINISHED for st in status], dtype=bool)
+    arrival = np.asarray([r.arrival for r in chunk], dtype=np.float64)
+    finish = np.asarray(
+        [r.finish_time if r.finish_time is not None else nan for r in chunk], dtype=np.float64
+    )
+    e2e = np.where(finished, finish - arrival, nan)  # NaN: never finished, or no finish time
+    norm = np.full(len(chunk), nan)
+    out_len = np.asarray([r.true_output_len for r in chunk], dtype=np.int64)
+    norm[finished] = e2e[finished] / out_len[finished]
+
+    def qoe(k: int, r: Request) -> float:
+        rq = r.qoe
+        if rq is None:
+            return nan
+        if status[k] is REJECTED:
+            return 0.0
+        if counts[k]:
+            if status[k] is FINISHED:
+                return qoes[k]
+            t = times[starts[k] : starts[k] + counts[k]]
+        else:
+            t = own[k]
+        if status[k] is FINISHED:
+            return andes_qoe(r.arrival, t, rq.ttft_s, rq.tokens_per_s)
+        if r.finish_time is not None:
+            return andes_qoe(
+                r.arrival,
+                t,
+                rq.ttft_s,
+                rq.tokens_per_s,
+                now=r.finish_time,
+                total_tokens=r.true_output_len,
+            )
+        return nan
+
+    slos = [r.slo for r in chunk]
+    empty = np.asarray([x.empty for x in slos], dtype=bool)
+    ttft_ok = _meets_all(slos, "ttft_s", ttft, finished | (ntok > 0))
+    tpot_ok = _meets_all(slos, "tpot_s", np.where(ntok > 1, tpot, 0.0), finished)
+    dl_ok = _meets_all(slos, "deadline_s", e2e, finished)
+    met = ~((ttft_ok == 0.0) | (tpot_ok == 0.0) | (dl_ok == 0.0))  # NaN: no such target
+    slo_ok = np.where(finished & met, 1.0, 0.0)
+    for col in (ttft_ok, tpot_ok, dl_ok, slo_ok):
+        col[empty] = nan
+    return {
+        "ttft_s": ttft.tolist(),
+        "tpot_s": tpot.tolist(),
+        "max_gap_s": gap.tolist(),
+        "e2e_s": e2e.tolist(),
+        "normalized_latency_s": norm.tolist(),
+        "qoe": [qoe(k, r) for k, r in enumerate(chunk)],
+        "ttft_ok": ttft_ok.tolist(),
+        "tpot_ok": tpot_ok.tolist(),
+        "deadline_ok": dl_ok.tolist(),
+        "slo_ok": slo_ok.tolist(),
+    }
+
+
+def _meets_all(
+    slos: Sequence[Any], name: str, value: NDArray[np.float64], observed: NDArray[np.bool_]
+) -> NDArray[np.float64]:
+    """:func:`_meets` of every request's target ``name``, at once."""
+    target = np.asarray(
+        [t if (t := getattr(x, name)) is not None else np.nan for x in slos], dtype=np.float64
+    )
+    ok = observed & (value <= target + 1e-12)  # False where value or target is NaN
+    return np.where(np.isnan(target), np.nan, np.where(ok, 1.0, 0.0))
 
 
 def _delivered_qoes(
@@ -359,12 +425,13 @@ def _qoe_part(
     whole = np.repeat(x[seg + n - 1], n)
     whole -= ideal  # a[-1] - ideal
     x -= ideal  # a - ideal
+    total = np.add.reduce  # ndarray.sum's own reduction, without its Python wrapper
     for k, (o, m) in zip(rows, bounds, strict=True):
-        s_whole = float(whole[o : o + m].sum())
+        s_whole = float(total(whole[o : o + m]))
         if s_whole <= 0:
             out[k] = 1.0
             continue
-        s_delay = float(x[o : o + m].sum())
+        s_delay = float(total(x[o : o + m]))
         out[k] = min(1.0, max(0.0, 1.0 - s_delay / s_whole))
 
 
@@ -382,18 +449,6 @@ def _meets(target: float | None, value: float, observed: bool) -> float:
     return 1.0 if value <= target + 1e-12 else 0.0
 
 
-def _stats(prefix: str, values: pd.Series, out: dict[str, Any]) -> None:
-    v = values.dropna().to_numpy(dtype=np.float64)
-    out[f"{prefix}_mean"] = float(v.mean()) if v.size else None
-    for p in _PCTS:
-        out[f"{prefix}_p{p}"] = float(np.percentile(v, p)) if v.size else None
-
-
-def _rate(x: pd.Series) -> float | None:
-    v = x.dropna()
-    return float(v.mean()) if len(v) else None
-
-
 def summarize(
     table: pd.DataFrame,
     *,
@@ -402,46 +457,13 @@ def summarize(
     policy: str,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON-serialisable summary of a run (documented in the README)."""
-    done = table[table["status"] == "finished"]
-    out: dict[str, Any] = {
-        "policy": policy,
-        "requests": len(table),
-        "finished": len(done),
-        "rejected": int((table["status"] == "rejected").sum()),
-        "aborted": int((table["status"] == "aborted").sum()),
-    }
-    for col, name in (
-        ("ttft_s", "ttft"),
-        ("tpot_s", "tpot"),
-        ("e2e_s", "e2e"),
-        ("normalized_latency_s", "normalized_latency"),
-        ("max_gap_s", "max_gap"),
-        ("queue_s", "queue"),
-    ):
-        _stats(name, done[col], out)
-    q = table["qoe"].dropna()
-    out["qoe_mean"] = float(q.mean()) if len(q) else None
-    out["qoe_p10"] = float(np.percentile(q, 10)) if len(q) else None
-    out["qoe_perfect_fraction"] = float((q >= 1.0 - 1e-9).mean()) if len(q) else None
-    out["slo_attainment"] = _rate(table["slo_ok"])
-    out["ttft_attainment"] = _rate(table["ttft_ok"])
-    out["tpot_attainment"] = _rate(table["tpot_ok"])
-    out["deadline_attainment"] = _rate(table["deadline_ok"])
-    out["slo_attainment_by_class"] = {
-        str(c): _rate(g["slo_ok"]) for c, g in table.groupby("class", sort=True)
-    }
-    span = simulated_seconds if simulated_seconds > 0 else float("nan")
-    out["throughput_tokens_per_s"] = (
-        float(done["generated_tokens"].sum() / span) if span == span else None
+    """The JSON-serialisable summary of a run (documented in the README), from its
+    request table (:func:`~sloserve.metrics.run_summary.summarize_columns` of its columns)."""
+    cols = {c: table[c].to_numpy() for c in table.columns}
+    return summarize_columns(
+        cols,
+        simulated_seconds=simulated_seconds,
+        wall_seconds=wall_seconds,
+        policy=policy,
+        extra=extra,
     )
-    out["throughput_requests_per_s"] = float(len(done) / span) if span == span else None
-    good = table[(table["status"] == "finished") & (table["slo_ok"].fillna(1.0) == 1.0)]
-    out["goodput_requests_per_s"] = float(len(good) / span) if span == span else None
-    out["preemptions"] = int(table["preemptions"].sum())
-    out["swaps"] = int(table["swaps"].sum())
-    out["simulated_seconds"] = simulated_seconds
-    out["wall_seconds"] = wall_seconds
-    if extra:
-        out.update(extra)
-    return out

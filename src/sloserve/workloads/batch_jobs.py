@@ -9,7 +9,8 @@ import numpy as np
 
 from sloserve.core.request import QoESpec, Request
 from sloserve.workloads.mixes import get_mix
-from sloserve.workloads.spec import BatchJobs, WorkloadSpec, _clip
+from sloserve.workloads.replay import clip_lengths
+from sloserve.workloads.spec import BatchJobs, WorkloadSpec
 
 
 def batch_job_requests(
@@ -24,7 +25,7 @@ def batch_job_requests(
     """One batch of best-effort requests submitted at ``at`` (ids from ``first_id``)."""
     mix = get_mix(jobs.mix)
     prompts, outputs = mix.sample(rng, rng, jobs.batch_size)
-    prompts, outputs = _clip(prompts, outputs, spec.max_context or max_context)
+    prompts, outputs = clip_lengths(prompts, outputs, spec.max_context or max_context)
     rule = spec.rule(jobs.req_class)
     slo = rule.slo()
     speeds = spec.qoe.speeds(rng, jobs.batch_size)

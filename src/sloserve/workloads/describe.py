@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sloserve.core.errors import WorkloadError
 from sloserve.core.request import Request
+
+if TYPE_CHECKING:  # pandas is imported by the functions that need it (start-up time)
+    import pandas as pd
 
 TRACE_COLUMNS = (
     "arrival_s",
@@ -36,6 +38,7 @@ TRACE_COLUMNS = (
 
 def requests_frame(requests: Sequence[Request]) -> pd.DataFrame:
     """The requests as a trace table (the columns of :data:`TRACE_COLUMNS`)."""
+    import pandas as pd
 
     def opt(v: float | None) -> float:
         return float("nan") if v is None else v

@@ -38,32 +38,21 @@ import json
 import re
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 
 from sloserve.core.bounds import Index, Time, Tokens, bound_text, first_violation
 from sloserve.core.errors import WorkloadError, did_you_mean
 from sloserve.workloads.trace import COLUMN_BOUNDS
+from sloserve.workloads.trace_table import TraceTable as TraceTable  # re-exported
+
+if TYPE_CHECKING:  # pandas is imported by the functions that need it (start-up time)
+    import pandas as pd
 
 TraceFormat = Literal["auto", "sloserve", "azure", "burstgpt", "mooncake", "sharegpt", "table"]
 TOKENS_PER_WORD = 1.3  # Andes' approximation ("one word as 1.3 tokens on average")
-
-
-@dataclass
-class TraceTable:
-    """A loaded trace: the data and what was done to it."""
-
-    df: pd.DataFrame
-    source: str
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def has_arrivals(self) -> bool:
-        return "arrival_s" in self.df.columns
 
 
 def _fail(path: Path, line: int | None, column: str | None, msg: str) -> WorkloadError:
@@ -74,6 +63,8 @@ def _fail(path: Path, line: int | None, column: str | None, msg: str) -> Workloa
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)
@@ -100,6 +91,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
 
 
 def _numeric_col(df: pd.DataFrame, col: str, path: Path, *, line_offset: int = 2) -> np.ndarray:
+    import pandas as pd
+
     raw = df[col]
     num = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     bad = np.isnan(num) | ~np.isfinite(num)
@@ -169,6 +162,8 @@ order_arrivals = _order  # for the loaders in their own modules (mooncake)
 
 def _timestamps(raw: pd.Series, path: Path, col: str, line_offset: int = 2) -> np.ndarray:
     """Seconds since the first row from timestamps or plain numbers."""
+    import pandas as pd
+
     num = pd.to_numeric(raw, errors="coerce")
     if num.notna().all():
         v = num.to_numpy(dtype=np.float64)
@@ -189,6 +184,8 @@ def _timestamps(raw: pd.Series, path: Path, col: str, line_offset: int = 2) -> n
 # ----------------------------------------------------------------------------- formats
 def load_azure(path: str | Path, *, strict: bool = True) -> TraceTable:
     """The Azure LLM inference trace (``TIMESTAMP,ContextTokens,GeneratedTokens``)."""
+    import pandas as pd
+
     p = Path(path)
     df = _read_csv(p)
     _require(df, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], p)
@@ -226,6 +223,8 @@ def load_burstgpt(
     path: str | Path, *, strict: bool = True, drop_failures: bool = True
 ) -> TraceTable:
     """A BurstGPT CSV; zero-response rows are failures (dropped by default, counted)."""
+    import pandas as pd
+
     p = Path(path)
     df = _read_csv(p)
     _require(df, ["Timestamp", "Model", "Request tokens", "Response tokens", "Log Type"], p)
@@ -322,6 +321,8 @@ def load_sharegpt(
     limit: int | None = None,
 ) -> TraceTable:
     """Prompt/response token lengths per turn of ShareGPT conversations (no arrivals)."""
+    import pandas as pd
+
     p = Path(path) if path is not None else sharegpt_default_path()
     count, how = make_tokenizer(tokenizer)
     try:
@@ -370,6 +371,8 @@ def load_sharegpt(
 
 
 def _read_any(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
@@ -396,6 +399,8 @@ def load_table(
     """Any CSV/JSONL/parquet trace. ``columns`` maps our names (``arrival_s`` optional,
     ``prompt_tokens``, ``output_tokens``, and optionally ``class``, ``model``,
     ``priority``, ``ttft_slo_s``, ``tpot_slo_s``, ``deadline_s``) to the file's columns."""
+    import pandas as pd
+
     p = Path(path)
     need = {"prompt_tokens", "output_tokens"}
     missing_keys = need - set(columns)
@@ -452,18 +457,20 @@ def load_sloserve(path: str | Path) -> TraceTable:
     from sloserve.workloads.trace import read_trace
 
     c = read_trace(path)
-    df = pd.DataFrame(
-        {"arrival_s": c.arrival, "prompt_tokens": c.prompt, "output_tokens": c.output}
-    )
+    cols: dict[str, Any] = {
+        "arrival_s": c.arrival,
+        "prompt_tokens": c.prompt,
+        "output_tokens": c.output,
+    }
     if c.req_class is not None:
-        df["class"] = c.req_class
+        cols["class"] = c.req_class
     if c.model is not None:
-        df["model"] = c.model
+        cols["model"] = c.model
     if c.priority is not None:
-        df["priority"] = c.priority
-    for k, v in c.slo.items():
-        df[k] = v
-    return TraceTable(df, f"sloserve:{Path(path).name}")
+        cols["priority"] = c.priority
+    cols.update(c.slo)
+    # Columns, not a DataFrame: a replay reads them without importing pandas.
+    return TraceTable(None, f"sloserve:{Path(path).name}", columns=cols)
 
 
 KNOWN_COLUMNS = (

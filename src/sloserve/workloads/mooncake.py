@@ -23,7 +23,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sloserve.core.errors import WorkloadError
 from sloserve.workloads.loaders import TraceTable, order_arrivals
@@ -49,6 +48,8 @@ def load_mooncake(path: str | Path, *, strict: bool = True) -> TraceTable:
     sorted and a note says so. The table has a ``hash_ids`` column (tuples; ``None`` where a
     line has none) when any line has them.
     """
+    import pandas as pd
+
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

@@ -24,18 +24,14 @@ always give the same requests.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import pandas as pd
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sloserve.core.bounds import (
     MAX_COUNT,
-    MAX_SECONDS,
     MAX_TOKENS,
     Count,
     Factor,
@@ -45,13 +41,13 @@ from sloserve.core.bounds import (
     Time,
     Weight,
 )
-from sloserve.core.errors import WorkloadError
-from sloserve.core.request import SLO, QoESpec, Request, RequestClass
+from sloserve.core.request import QoESpec, Request, RequestClass
 from sloserve.workloads import sessions as gen
 from sloserve.workloads.arrivals import ArrivalProcess, PoissonArrivals
 from sloserve.workloads.lengths import LengthDist
-from sloserve.workloads.loaders import TraceFormat, TraceTable, load_trace
+from sloserve.workloads.loaders import TraceFormat, load_trace
 from sloserve.workloads.mixes import get_mix
+from sloserve.workloads.replay import apply_replay, clip_lengths, requests_from_rows
 from sloserve.workloads.rules import SLO_PRESETS, ClassRule, QoERule, SloPreset
 
 
@@ -272,17 +268,17 @@ def _build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Wo
             ]
             if unused:
                 notes.append(f"replaying {table.source}: {', '.join(unused)} not used")
-            df = apply_replay(table, spec, rngs.sample, notes)
-            return Workload(_from_table(df, spec, rngs, notes), notes, spec.batch_jobs)
+            rows = apply_replay(table, spec, rngs.sample, notes)
+            return Workload(requests_from_rows(rows, spec, rngs.speed), notes, spec.batch_jobs)
         if spec.trace_use == "replay":
             notes.append(
                 f"{table.source} has no arrival times: lengths drawn from it, "
                 f"arrivals from {spec.arrival.kind}"
             )
         times = spec.arrival.times(rngs.arrival, spec.duration_s, spec.num_requests)
-        idx = rngs.prompt.integers(0, len(table.df), size=times.size)
-        prompts = table.df["prompt_tokens"].to_numpy()[idx]
-        outputs = table.df["output_tokens"].to_numpy()[idx]
+        idx = rngs.prompt.integers(0, table.num_rows(), size=times.size)
+        prompts = table.numbers("prompt_tokens")[idx]
+        outputs = table.numbers("output_tokens")[idx]
         default_class = RequestClass.RT
     else:
         times = spec.arrival.times(rngs.arrival, spec.duration_s, spec.num_requests)
@@ -293,7 +289,7 @@ def _build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Wo
         if spec.output is not None:
             outputs = spec.output.sample(rngs.output, times.size)
         default_class = mix.req_class
-    prompts, outputs = _clip(prompts, outputs, spec.max_context or max_context)
+    prompts, outputs = clip_lengths(prompts, outputs, spec.max_context or max_context)
     n = times.size
     if spec.classes is not None:
         names = list(spec.classes)
@@ -323,148 +319,3 @@ def _build_workload(spec: WorkloadSpec, *, max_context: int | None = None) -> Wo
         )
     wl = Workload(out, notes, spec.batch_jobs)
     return gen.with_prefixes(wl, spec, max_context) if spec.prefix or spec.sessions else wl
-
-
-def _clip(
-    prompts: NDArray[np.int64], outputs: NDArray[np.int64], cap: int | None
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    if cap is None:
-        return prompts, outputs
-    prompts = np.minimum(prompts, cap - 1)
-    return prompts, np.clip(outputs, 1, cap - prompts)
-
-
-def apply_replay(
-    table: TraceTable, spec: WorkloadSpec, rng: np.random.Generator, notes: list[str]
-) -> pd.DataFrame:
-    """The trace rows to replay, with arrival times relative to the window start."""
-    opts = spec.replay
-    df = table.df
-    n0 = len(df)
-    end = opts.end_s
-    if end is None and "duration_s" in spec.model_fields_set and spec.duration_s is not None:
-        # duration_s is the run's arrival window, in replayed (sped-up) time
-        end = opts.start_s + spec.duration_s * opts.speedup
-    keep = df["arrival_s"] >= opts.start_s
-    if end is not None:
-        keep &= df["arrival_s"] < end
-    df = df[keep].copy()
-    if len(df) < n0:
-        notes.append(
-            f"window [{opts.start_s}, {end if end is not None else 'end'}) s "
-            f"keeps {len(df)} of {n0} requests"
-        )
-    df["arrival_s"] = (df["arrival_s"] - opts.start_s) / opts.speedup
-    if len(df) and float(df["arrival_s"].max()) > MAX_SECONDS:
-        raise WorkloadError(
-            f"{spec.trace}: replayed {opts.speedup}× the trace spans "
-            f"{float(df['arrival_s'].max()):.6g} s; at most {MAX_SECONDS:g} s (raise speedup)"
-        )
-    if opts.speedup != 1.0:
-        notes.append(f"replayed {opts.speedup}× faster")
-    if opts.sample is not None and opts.sample < 1.0:
-        df = df[rng.random(len(df)) < opts.sample]
-        notes.append(f"sampled {opts.sample:.0%}: {len(df)} requests")
-    if opts.max_context is not None:
-        total = df["prompt_tokens"] + df["output_tokens"]
-        over = total > opts.max_context
-        if over.any():
-            if opts.cap == "drop":
-                df = df[~over]
-                notes.append(
-                    f"dropped {int(over.sum())} request(s) longer than {opts.max_context} tokens"
-                )
-            else:
-                p, o = _clip(
-                    df["prompt_tokens"].to_numpy(), df["output_tokens"].to_numpy(), opts.max_context
-                )
-                df["prompt_tokens"], df["output_tokens"] = p, o
-                notes.append(f"clipped {int(over.sum())} request(s) to {opts.max_context} tokens")
-    if spec.num_requests is not None and len(df) > spec.num_requests:
-        df = df.iloc[: spec.num_requests]
-        notes.append(f"first {spec.num_requests} requests kept")
-    if opts.class_from is not None:
-        if opts.class_from not in df.columns:
-            raise WorkloadError(
-                f"{spec.trace}: replay.class_from={opts.class_from!r}, "
-                "but the trace has no such column"
-            )
-        labels = df[opts.class_from].astype(str)
-        df["class"] = [opts.class_map.get(v, opts.default_class).value for v in labels]
-    if opts.model_map and "model" in df.columns:
-        df["model"] = [opts.model_map.get(m, m) for m in df["model"].astype(str)]
-    if len(df) == 0:
-        raise WorkloadError(f"{spec.trace}: no request left to replay after the replay options")
-    return df.reset_index(drop=True)
-
-
-def _from_table(
-    df: pd.DataFrame, spec: WorkloadSpec, rngs: _Rngs, notes: list[str]
-) -> list[Request]:
-    rules = spec.rules()
-    n = len(df)
-    # Python lists, not numpy scalars: one Request per row is the hot loop of a replay.
-    arrival = df["arrival_s"].to_numpy(dtype=np.float64).tolist()
-    prompt = df["prompt_tokens"].to_numpy().tolist()
-    output = df["output_tokens"].to_numpy().tolist()
-    if "class" in df.columns:
-        raw = df["class"].astype(str).str.strip().str.lower()
-        bad = ~raw.isin(["rt", "be"])
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise WorkloadError(
-                f"{spec.trace}: request {i}: class must be rt or be ({raw.iloc[i]!r}); "
-                "map labels with replay.class_map"
-            )
-        classes = [RequestClass(v) for v in raw]
-    else:
-        classes = [spec.replay.default_class] * n
-    model = df["model"].astype(str).tolist() if "model" in df.columns else ["default"] * n
-    prio = df["priority"].to_numpy(dtype=np.float64).tolist() if "priority" in df.columns else None
-    cols: dict[str, list[float]] = {
-        k: df[k].to_numpy(dtype=np.float64).tolist()
-        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
-        if k in df.columns
-    }
-    speeds = spec.qoe.speeds(rngs.speed, n).tolist()
-    no_col = [math.nan] * n  # a missing column reads as NaN: the default applies
-    ttft_slo, tpot_slo, deadline, qoe_ttft, qoe_speed = (
-        cols.get(k, no_col)
-        for k in ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
-    )
-    hashes = df["hash_ids"].tolist() if "hash_ids" in df.columns else [None] * n
-
-    def pick(v: float, default: float | None) -> float | None:
-        return default if v != v else v  # v != v: NaN, an empty cell
-
-    out: list[Request] = []
-    for i in range(n):
-        c = classes[i]
-        rule = rules[c]
-        p = int(prompt[i])
-        speed = speeds[i]
-        try:
-            out.append(
-                Request(
-                    req_id=i,
-                    arrival=arrival[i],
-                    num_prompt_tokens=p,
-                    true_output_len=int(output[i]),
-                    req_class=c,
-                    priority=rule.priority if prio is None or prio[i] != prio[i] else int(prio[i]),
-                    model=model[i],
-                    slo=SLO(
-                        pick(ttft_slo[i], rule.ttft_s),
-                        pick(tpot_slo[i], rule.tpot_s),
-                        pick(deadline[i], rule.deadline_s),
-                    ),
-                    qoe=QoESpec(
-                        pick(qoe_ttft[i], spec.qoe.ttft(p)) or 0.0,
-                        pick(qoe_speed[i], speed) or speed,
-                    ),
-                    hash_ids=hashes[i],
-                )
-            )
-        except ValueError as e:
-            raise WorkloadError(f"{spec.trace}: request {i}: {e}") from e
-    return out

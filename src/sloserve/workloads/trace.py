@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from sloserve.core.bounds import (
@@ -25,8 +24,8 @@ from sloserve.core.bounds import (
     bound_text,
     first_violation,
 )
-from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import WorkloadError
+from sloserve.core.textcsv import TextColumns, read_text_columns, to_floats
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
@@ -76,40 +75,43 @@ class _Lines:
         return int(self.lines[idx])
 
 
-def _numeric(df: pd.DataFrame, col: str, path: Path, _line: _Lines) -> NDArray[np.float64]:
+def _numeric(df: TextColumns, col: str, path: Path, _line: _Lines) -> NDArray[np.float64]:
     raw = df[col]
-    num = pd.to_numeric(raw, errors="coerce")
-    bad = num.isna() & raw.notna()
+    num = to_floats(raw)
+    bad = np.isnan(num) & np.asarray([v is not None for v in raw])
     if col in REQUIRED:
-        bad |= raw.isna()
+        bad |= np.isnan(num)
     if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
+        i = int(np.flatnonzero(bad)[0])
         raise WorkloadError(
-            f"{path}: line {_line(i)}, column {col}: not a number ({raw.iloc[i]!r})"
+            f"{path}: line {_line(i)}, column {col}: not a number ({_cell(raw[i])!r})"
         )
-    return num.to_numpy(dtype=np.float64)
+    return num
+
+
+def _cell(v: str | None) -> str | float:
+    """A cell as pandas showed it: an empty one is NaN."""
+    return v if v is not None else float("nan")
 
 
 def read_trace(path: str | Path) -> TraceColumns:
     p = Path(path)
-    df, lines = read_strict_csv(p, "trace file", WorkloadError)
+    df, lines = read_text_columns(p, "trace file", WorkloadError)
     _line = _Lines(lines)
-    extra = [c for c in df.columns if c.startswith("Unnamed:")]
+    extra = [c for c in df if c.startswith("Unnamed:")]
     if extra:
         raise WorkloadError(f"{p}: a row has more fields than the header, or a column has no name")
-    missing = [c for c in REQUIRED if c not in df.columns]
+    missing = [c for c in REQUIRED if c not in df]
     if missing:
-        raise WorkloadError(
-            f"{p}: missing column(s) {', '.join(missing)}; have {', '.join(df.columns)}"
-        )
-    if len(df) == 0:
+        raise WorkloadError(f"{p}: missing column(s) {', '.join(missing)}; have {', '.join(df)}")
+    if len(lines) == 0:
         raise WorkloadError(f"{p}: the trace has no rows")
     arrival = _numeric(df, "arrival_s", p, _line)
     i = first_violation(Time, arrival)
     if i is not None:
         raise WorkloadError(
             f"{p}: line {_line(i)}, column arrival_s: must be a time in seconds "
-            f"{bound_text(Time)} ({df['arrival_s'].iloc[i]})"
+            f"{bound_text(Time)} ({_cell(df['arrival_s'][i])})"
         )
     dec = np.flatnonzero(np.diff(arrival) < 0)
     if dec.size:
@@ -125,40 +127,40 @@ def read_trace(path: str | Path) -> TraceColumns:
         if i is not None:
             raise WorkloadError(
                 f"{p}: line {_line(i)}, column {col}: must be an integer number of tokens "
-                f"{bound_text(Tokens)} ({df[col].iloc[i]})"
+                f"{bound_text(Tokens)} ({_cell(df[col][i])})"
             )
         ints[col] = v.astype(np.int64)
     req_class = None
-    if "class" in df.columns:
-        cls = df["class"].fillna("rt").str.strip().str.lower()
-        bad_cls = ~cls.isin(["rt", "be"])
-        if bad_cls.any():
-            i = int(np.flatnonzero(bad_cls.to_numpy())[0])
+    if "class" in df:
+        cls = [(v if v is not None else "rt").strip().lower() for v in df["class"]]
+        bad_cls = [k for k, v in enumerate(cls) if v != "rt" and v != "be"]
+        if bad_cls:
+            i = bad_cls[0]
             raise WorkloadError(
-                f"{p}: line {_line(i)}, column class: must be rt or be ({cls.iloc[i]!r})"
+                f"{p}: line {_line(i)}, column class: must be rt or be ({cls[i]!r})"
             )
-        req_class = cls.tolist()
+        req_class = cls
     priority = None
-    if "priority" in df.columns:
+    if "priority" in df:
         pr = _numeric(df, "priority", p, _line)
         i = first_violation(Priority, np.where(np.isnan(pr), 0.0, pr))
         if i is not None:
             raise WorkloadError(
                 f"{p}: line {_line(i)}, column priority: must be an integer "
-                f"{bound_text(Priority)} ({df['priority'].iloc[i]})"
+                f"{bound_text(Priority)} ({_cell(df['priority'][i])})"
             )
         priority = pr  # NaN (an empty cell) falls back to the class rule
-    model = df["model"].fillna("default").tolist() if "model" in df.columns else None
+    model = [v if v is not None else "default" for v in df["model"]] if "model" in df else None
     slo: dict[str, NDArray[np.float64]] = {}
     for col in OPTIONAL_FLOAT:
-        if col in df.columns:
+        if col in df:
             v = _numeric(df, col, p, _line)
             kind = COLUMN_BOUNDS[col]
             i = first_violation(kind, np.where(np.isnan(v), _FILL[col], v))
             if i is not None:
                 raise WorkloadError(
                     f"{p}: line {_line(i)}, column {col}: must be {bound_text(kind)} "
-                    f"({df[col].iloc[i]})"
+                    f"({_cell(df[col][i])})"
                 )
             slo[col] = v
     return TraceColumns(

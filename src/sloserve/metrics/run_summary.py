@@ -1,0 +1,108 @@
+"""A run's JSON summary from its request columns, with numpy alone.
+
+:func:`summarize_columns` reads the columns of :func:`~sloserve.metrics.summary.request_table`
+as a mapping of name -> sequence (lists or arrays), so a run that writes no table (a
+``simulate --json``) never builds a pandas DataFrame, nor imports pandas;
+:func:`~sloserve.metrics.summary.summarize` hands a DataFrame's columns to it. The numbers are
+pandas' own for the same table: NaN dropped before each statistic, means as numpy's
+pairwise sum over the kept values divided by their count (what pandas does without
+bottleneck), quantiles by ``np.percentile`` (linear), groups in sorted key order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+_PCTS = (50, 90, 99)
+
+Columns = Mapping[str, Sequence[Any] | NDArray[Any]]
+"""Column name -> one value per request (the request table's columns)."""
+
+
+def _floats(cols: Columns, name: str) -> NDArray[np.float64]:
+    return np.asarray(cols[name], dtype=np.float64)
+
+
+def _mean(v: NDArray[np.float64]) -> float | None:
+    """Mean of the non-NaN values (pandas' ``Series.dropna().mean()``), None when none."""
+    v = v[~np.isnan(v)]
+    return float(v.sum() / v.size) if v.size else None
+
+
+def _stats(prefix: str, v: NDArray[np.float64], out: dict[str, Any]) -> None:
+    v = v[~np.isnan(v)]
+    out[f"{prefix}_mean"] = float(v.mean()) if v.size else None
+    for p in _PCTS:
+        out[f"{prefix}_p{p}"] = float(np.percentile(v, p)) if v.size else None
+
+
+def rates_by(
+    keys: Sequence[Any] | NDArray[Any], values: NDArray[np.float64]
+) -> dict[str, float | None]:
+    """:func:`_mean` of ``values`` per key, keys as strings in sorted order (pandas'
+    ``groupby(key, sort=True)``)."""
+    codes: dict[Any, list[int]] = {}
+    for i, k in enumerate(keys):
+        codes.setdefault(k, []).append(i)
+    return {str(k): _mean(values[np.asarray(codes[k], dtype=np.int64)]) for k in sorted(codes)}
+
+
+def summarize_columns(
+    cols: Columns,
+    *,
+    simulated_seconds: float,
+    wall_seconds: float,
+    policy: str,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON-serialisable summary of a run (documented in the README)."""
+    status = np.asarray(cols["status"], dtype=object)
+    n = status.size
+    done = status == "finished"
+    n_done = int(np.count_nonzero(done))
+    out: dict[str, Any] = {
+        "policy": policy,
+        "requests": n,
+        "finished": n_done,
+        "rejected": int(np.count_nonzero(status == "rejected")),
+        "aborted": int(np.count_nonzero(status == "aborted")),
+    }
+    for col, name in (
+        ("ttft_s", "ttft"),
+        ("tpot_s", "tpot"),
+        ("e2e_s", "e2e"),
+        ("normalized_latency_s", "normalized_latency"),
+        ("max_gap_s", "max_gap"),
+        ("queue_s", "queue"),
+    ):
+        _stats(name, _floats(cols, col)[done], out)
+    q = _floats(cols, "qoe")
+    q = q[~np.isnan(q)]
+    out["qoe_mean"] = float(q.sum() / q.size) if q.size else None
+    out["qoe_p10"] = float(np.percentile(q, 10)) if q.size else None
+    perfect = np.count_nonzero(q >= 1.0 - 1e-9)
+    out["qoe_perfect_fraction"] = float(perfect / q.size) if q.size else None
+    slo_ok = _floats(cols, "slo_ok")
+    out["slo_attainment"] = _mean(slo_ok)
+    out["ttft_attainment"] = _mean(_floats(cols, "ttft_ok"))
+    out["tpot_attainment"] = _mean(_floats(cols, "tpot_ok"))
+    out["deadline_attainment"] = _mean(_floats(cols, "deadline_ok"))
+    out["slo_attainment_by_class"] = rates_by(cols["class"], slo_ok) if n else {}
+    span = simulated_seconds if simulated_seconds > 0 else float("nan")
+    # Integer sums as numpy integers, divided as pandas divides them (int64 / float).
+    generated = np.asarray(cols["generated_tokens"], dtype=np.int64)[done].sum()
+    out["throughput_tokens_per_s"] = float(generated / span) if span == span else None
+    out["throughput_requests_per_s"] = float(n_done / span) if span == span else None
+    good = int(np.count_nonzero(done & ((slo_ok == 1.0) | np.isnan(slo_ok))))
+    out["goodput_requests_per_s"] = float(good / span) if span == span else None
+    out["preemptions"] = int(np.asarray(cols["preemptions"], dtype=np.int64).sum())
+    out["swaps"] = int(np.asarray(cols["swaps"], dtype=np.int64).sum())
+    out["simulated_seconds"] = simulated_seconds
+    out["wall_seconds"] = wall_seconds
+    if extra:
+        out.update(extra)
+    return out

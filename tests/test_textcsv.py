@@ -1,0 +1,128 @@
+"""The pandas-free CSV reading of sloserve traces gives pandas' cells, lines and numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sloserve.core.csvio import read_strict_csv
+from sloserve.core.errors import WorkloadError
+from sloserve.core.textcsv import _plain_csv, read_text_columns, to_floats
+from sloserve.workloads.trace import read_trace
+
+_cell = st.one_of(
+    st.just(""),
+    st.floats(0, 1e7, allow_nan=False).map(repr),
+    st.floats(0, 1e3, allow_nan=False).map(lambda v: f"{v:.20f}"),
+    st.integers(0, 10**7).map(str),
+    st.sampled_from(["rt", "be", "default", "llama-2-7b", "1e5", ".5", "5.", "-0"]),
+)
+
+
+def _pandas_columns(path: Path) -> tuple[dict[str, list[object]], np.ndarray]:
+    df, lines = read_strict_csv(path, "trace file", WorkloadError)
+    return {c: [v if isinstance(v, str) else None for v in df[c]] for c in df.columns}, lines
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    width=st.integers(1, 5),
+    rows=st.lists(st.one_of(st.none(), st.lists(_cell, min_size=5, max_size=5)), max_size=12),
+    final_newline=st.booleans(),
+)
+def test_plain_files_read_as_pandas_reads_them(
+    tmp_path: Path, width: int, rows: list[list[str] | None], final_newline: bool
+) -> None:
+    """Blank lines (None), rows of empty cells and empty cells: the same columns and the
+    same line of each row as pandas' reader."""
+    header = ",".join(f"c{j}" for j in range(width))
+    body = ["" if r is None else ",".join(r[:width]) for r in rows]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join([header, *body]) + ("\n" if final_newline else ""))
+    plain = _plain_csv(path)
+    want_cols, want_lines = _pandas_columns(path)
+    if plain is None:  # no data row: the pandas path reads it (and reports it)
+        assert not any(r is not None and any(r[:width]) for r in rows)
+        return
+    cols, lines = plain
+    assert cols == want_cols
+    np.testing.assert_array_equal(lines, want_lines)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'a,b\n"1",2\n',  # quotes
+        "a,b\n 1,2\n",  # a space
+        "a,b\r\n1,2\r\n",  # CRLF
+        "a,a\n1,2\n",  # duplicate names
+        "a,b\n1,2,3\n",  # a row longer than the header
+        "a,b\n1\n",  # a row shorter than the header
+        "a,b\n1,2,3\n4\n",  # one longer, one shorter: the right number of commas in all
+        "\ufeffa,b\n1,2\n",  # BOM
+    ],
+)
+def test_other_files_go_through_pandas(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(text, encoding="utf-8")
+    assert _plain_csv(path) is None
+    try:
+        want = _pandas_columns(path)
+    except WorkloadError as e:
+        with pytest.raises(WorkloadError, match="more fields"):
+            read_text_columns(path, "trace file", WorkloadError)
+        assert "more fields" in str(e)
+        return
+    cols, lines = read_text_columns(path, "trace file", WorkloadError)
+    assert cols == want[0]
+    np.testing.assert_array_equal(lines, want[1])
+
+
+@given(st.lists(st.one_of(st.none(), _cell.filter(bool)), max_size=30))
+def test_to_floats_is_pandas_to_numeric(cells: list[str | None]) -> None:
+    got = to_floats(cells)
+    want = pd.to_numeric(pd.Series(cells, dtype=str), errors="coerce").to_numpy(np.float64)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_to_floats_odd_cells_are_pandas_own() -> None:
+    cells = ["1.5", "inf", "nan", "abc", "+5", "1_0", "12345678901234567890", None, "-2e-3"]
+    want = pd.to_numeric(pd.Series(cells, dtype=str), errors="coerce").to_numpy(np.float64)
+    np.testing.assert_array_equal(to_floats(cells), want)
+
+
+def test_a_trace_reads_the_same_with_and_without_pandas(tmp_path: Path) -> None:
+    """A trace with every column, blank lines and empty cells: the pandas-free reading and a
+    forced pandas reading give the same columns (and the file is read the fast way)."""
+    rng = np.random.default_rng(3)
+    lines = ["arrival_s,prompt_tokens,output_tokens,class,priority,model,ttft_slo_s"]
+    t = 0.0
+    for i in range(200):
+        t += float(rng.exponential(0.3))
+        slo = repr(float(rng.uniform(0.1, 5))) if i % 3 else ""
+        cls = ("rt", "be", "")[i % 3]
+        lines.append(
+            f"{t!r},{rng.integers(1, 4000)},{rng.integers(1, 900)},{cls},{i % 4},m{i % 2},{slo}"
+        )
+        if i % 50 == 7:
+            lines.append("")
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(lines) + "\n")
+    assert _plain_csv(path) is not None
+    fast = read_trace(path)
+    quoted = tmp_path / "q.csv"  # one quoted header name: the pandas path, same cells
+    quoted.write_text('"arrival_s"' + path.read_text()[len("arrival_s") :])
+    assert _plain_csv(quoted) is None
+    slow = read_trace(quoted)
+    for name in ("arrival", "prompt", "output", "priority"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name))
+    assert fast.req_class == slow.req_class and fast.model == slow.model
+    assert fast.slo.keys() == slow.slo.keys()
+    np.testing.assert_array_equal(fast.slo["ttft_slo_s"], slow.slo["ttft_slo_s"])
