@@ -45,7 +45,7 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.engine.kv import KVCacheManager, PagedKVManager
+from sloserve.engine.kv import KVCacheManager, KVInvariantError, PagedKVManager
 
 _arrival_key = teardown.ARRIVAL_ORDER
 
@@ -135,6 +135,10 @@ class Instance:
         """Set on a prefill replica: called with each request that leaves after its first
         token (module docstring)."""
         self.num_handed_off = 0
+        self.filling: dict[int, Request] = {}
+        """Running requests that may be part-way through a (re)fill (a small superset,
+        :attr:`InstanceView.filling`): added when they join ``running`` needing one,
+        dropped at an iteration's end once decoding or gone."""
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -145,6 +149,7 @@ class Instance:
             predictor=predictor,
             limits=limits,
             iter_end=self.iter_end,
+            filling=self.filling.values(),
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
         self.next_event: Callable[[], float] = env.peek
@@ -229,6 +234,46 @@ class Instance:
             incoming.pop(0)
             r.start(now)
             bisect.insort(self.running, r, key=_arrival_key)
+            self._joined(r)
+
+    def _joined(self, r: Request) -> None:
+        """``r`` joined ``running``: note it in :attr:`filling` if it needs a (re)fill."""
+        n_out = r.num_output_tokens
+        if not n_out or r.num_prompt_tokens + n_out - r.num_computed_tokens != 1:
+            self.filling[r.req_id] = r
+
+    def _prune_filling(self) -> None:
+        """Drop from :attr:`filling` the requests now decoding or no longer running here
+        (at an iteration's end: the only time a fill can complete)."""
+        me = self.instance_id
+        RUNNING = RequestStatus.RUNNING
+        filling = self.filling
+        for rid in [
+            rid
+            for rid, r in filling.items()
+            if r.status is not RUNNING
+            or r.instance_id != me
+            or (
+                r.num_output_tokens
+                and r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+            )
+        ]:
+            del filling[rid]
+
+    def _check_filling(self) -> None:
+        """(Debug checks) :attr:`filling` holds every running request part-way through a
+        fill: the policy's promised blocks and groups are read from it."""
+        missing = [
+            r.req_id
+            for r in self.running
+            if r.req_id not in self.filling
+            and (
+                not r.num_output_tokens
+                or r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+            )
+        ]
+        if missing:
+            raise KVInvariantError(f"running requests {missing} fill but are not in `filling`")
 
     def _done(self, req: Request) -> None:
         self.kv.forget(req.req_id)
@@ -343,6 +388,7 @@ class Instance:
             r.swap_in(now)
             self.swapped.remove(r)
             bisect.insort(self.running, r, key=_arrival_key)
+            self._joined(r)
 
         batch = out.batch
         kv_before = kv.num_used_blocks
@@ -359,6 +405,7 @@ class Instance:
                 r.start(now)
                 self.waiting.remove(r)
                 bisect.insort(self.running, r, key=_arrival_key)
+                self._joined(r)
             computed = r.num_computed_tokens
             if split is None and (
                 r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1
@@ -427,6 +474,7 @@ class Instance:
         self.busy_time += ends[-1] - now
         if self.debug_checks:
             kv.check_invariants()
+            self._check_filling()
         return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes)
 
     def _complete(self, pending: _Pending) -> None:
@@ -503,6 +551,8 @@ class Instance:
             self._done(r)
         if self.hand_off is not None:
             self._hand_off(pending.batch, end)
+        if self.filling:
+            self._prune_filling()
 
     def _hand_off(self, batch: tuple[ScheduledRequest, ...], end: float) -> None:
         teardown.hand_off(self, batch, end)

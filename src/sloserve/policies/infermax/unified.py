@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from typing import Literal
 
 from sloserve.core.request import Request, RequestStatus
@@ -162,12 +163,12 @@ class UnifiedScheduler(Scheduler):
         self,
         view: InstanceView,
         key: Callable[[Request], tuple[float, float, int]] | None,
-        filling: dict[int, int],
+        filling: list[Request],
     ) -> list[tuple[Sequence[Request], bool]]:
         """The groups in order, each flagged True when it holds only running decodes.
 
-        ``filling``: the running requests part-way through a (re)fill, by id (every other
-        running request is decoding).
+        ``filling``: the running requests part-way through a (re)fill, in arrival order
+        (every other running request is decoding).
         """
 
         def srt(xs: Sequence[Request]) -> Sequence[Request]:
@@ -189,7 +190,8 @@ class UnifiedScheduler(Scheduler):
         decodes: Sequence[Request]
         prefills: Sequence[Request]
         if filling:
-            prefills = [r for r in running if r.req_id in filling]
+            # In the group's order (every key ends with arrival and id: no ties).
+            prefills = srt(filling)
             # Usually one or two fill: removing them (in C) beats a second pass.
             decodes = list(running)
             for r in prefills:
@@ -219,12 +221,14 @@ class UnifiedScheduler(Scheduler):
         # Without chunking there are none: a (re)fill is scheduled whole and completes in
         # its iteration (``_groups`` relies on it too), so no pass over the running set.
         promised: dict[int, int] = {}
+        fillers: list[Request] = []
         if cfg.chunked_prefill:
+            fillers = _filling(view)
             promised = {
-                r.req_id: blocks_needed(r.req_id, rem)
-                for r in view.running
-                if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
-                or not r.num_output_tokens
+                r.req_id: blocks_needed(
+                    r.req_id, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+                )
+                for r in fillers
             }
         st = _State(
             free_blocks=kv.num_free_blocks - sum(promised.values()),
@@ -241,6 +245,19 @@ class UnifiedScheduler(Scheduler):
             )
         batch: list[ScheduledRequest] = []
         in_batch: set[int] = set()
+        # Whole decode groups taken before another group: free_blocks is charged one block
+        # per decode (at most what each needs) and their ids are left out of in_batch until
+        # something reads either closely (settle): the exact count is a pass over the group
+        # and rarely changes a decision (only when M is nearly full).
+        unsettled: list[Sequence[Request]] = []
+
+        def settle() -> None:
+            for g in unsettled:
+                ids = [r.req_id for r in g]
+                st.free_blocks += len(ids) - kv.decode_blocks_needed(ids)
+                in_batch.update(ids)
+            unsettled.clear()
+
         swap_in: list[Request] = []
         batch_decode: bool | None = None
         running_decodes = steady_prefills = repeat_reserve = 0
@@ -255,11 +272,13 @@ class UnifiedScheduler(Scheduler):
         RUNNING = RequestStatus.RUNNING
         SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
-        groups = self._groups(view, key, promised)
+        groups = self._groups(view, key, fillers)
         last = len(groups) - 1
         for gi, (group, all_decode) in enumerate(groups):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
+            if unsettled and all_decode and st.free_blocks < len(group):
+                settle()  # the test below must see the exact count
             if (
                 all_decode
                 and group
@@ -273,9 +292,8 @@ class UnifiedScheduler(Scheduler):
                 if gi != last:
                     # (The last group, vLLM's running decodes: nothing after it reads the
                     # blocks left or what is in the batch, so neither is walked for.)
-                    ids = [r.req_id for r in group]
-                    st.free_blocks -= kv.decode_blocks_needed(ids)
-                    in_batch.update(ids)
+                    st.free_blocks -= len(group)
+                    unsettled.append(group)
                 budget_c -= len(group)
                 batch.extend(self._decode_batch(group))
                 running_decodes += len(group)
@@ -319,6 +337,8 @@ class UnifiedScheduler(Scheduler):
                     if status is RUNNING:
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
+                if unsettled and need + margin > st.free_blocks:
+                    settle()  # short with one block per decode charged: count exactly
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
@@ -396,6 +416,40 @@ class UnifiedScheduler(Scheduler):
         tokens = r.num_prompt_tokens + max(view.predictor.predict(r), r.num_output_tokens + 1) - 1
         tokens = min(tokens, self.max_sequence_tokens(view.limits))
         return -(-tokens // view.limits.block_size)
+
+
+def _filling(view: InstanceView) -> list[Request]:
+    """The running requests part-way through a (re)fill, in arrival order: from the
+    engine's small superset (:attr:`InstanceView.filling`) when it keeps one, else from
+    every running request."""
+    src = view.filling
+    if src is None:
+        return [
+            r
+            for r in view.running
+            if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+            or not r.num_output_tokens
+        ]
+    if not src:
+        return []
+    me = view.instance_id
+    RUNNING = RequestStatus.RUNNING
+    found = [
+        r
+        for r in src
+        if r.status is RUNNING
+        and r.instance_id == me
+        and (
+            r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+            or not r.num_output_tokens
+        )
+    ]
+    if len(found) > 1:
+        found.sort(key=_ARRIVAL)  # the order of the running list
+    return found
+
+
+_ARRIVAL = attrgetter("arrival", "req_id")
 
 
 def _arrival_rank(r: Request) -> tuple[float, float, int]:
