@@ -155,3 +155,38 @@ def test_debug_checks_catch_a_filling_request_left_out(monkeypatch: pytest.Monke
     env.schedule(0.0, lambda: inst.add_request(r), PRIO_ARRIVAL)
     with pytest.raises(KVInvariantError, match="fill but are not in"):
         env.run()
+
+
+@pytest.mark.parametrize(
+    ("policy", "params", "kv_tokens"),
+    [
+        ("vllm", {}, None),
+        ("vllm", {}, 5000),  # KV fills: preemptions, requests waiting on memory
+        ("sarathi", {}, None),
+        ("sarathi", {"preemption_mode": "swap"}, 5000),
+        ("sarathi-nocp", {}, None),
+        ("vllm-hy", {}, None),
+    ],
+)
+def test_all_decode_shortcut_answers_what_algorithm_1_answers(
+    policy: str, params: dict[str, Any], kv_tokens: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = unified.UnifiedScheduler.schedule
+    taken = [0, 0]
+
+    def both(self: unified.UnifiedScheduler, view: InstanceView) -> Any:
+        out = real(self, view)
+        if self._all_decode_shortcut:
+            self._all_decode_shortcut = False
+            try:
+                full = real(self, view)
+            finally:
+                self._all_decode_shortcut = True
+            assert out == full
+            taken[0] += 1
+            taken[1] += out.repeatable and not view.waiting and not view.swapped
+        return out
+
+    monkeypatch.setattr(unified.UnifiedScheduler, "schedule", both)
+    res = simulate_cluster(_cfg(policy, dict(params), kv_tokens), ClusterConfig())
+    assert res.summary["finished"] > 100 and taken[0] > 500 and taken[1] > 10

@@ -108,6 +108,12 @@ class UnifiedScheduler(Scheduler):
         self.config = config
         self.default_prefill_tokens = config.prefill_tokens
         self.chunked_prefill = config.chunked_prefill
+        self._all_decode_shortcut = (
+            config.groups != "single" and config.order == "fcfs" and not config.eviction_free
+        )
+        """Whether :meth:`schedule` may answer "every running request decodes" without
+        Algorithm 1's set-up (fcfs: the running list is already in group order; not
+        eviction-free: its reservations ask the predictor, which may keep state)."""
         self._decode_entries: dict[Request, ScheduledRequest] = {}
         """Each running request's ``(request, 1)`` decode entry, built once and reused by
         every batch that decodes it (a named tuple is immutable; building ~20 per decision
@@ -207,6 +213,20 @@ class UnifiedScheduler(Scheduler):
 
     # -------------------------------------------------------------- GetNextBatch
     def schedule(self, view: InstanceView) -> SchedulerOutput:
+        running = view.running
+        if (
+            self._all_decode_shortcut
+            and running
+            and not view.waiting
+            and not view.swapped
+            and len(running) <= view.limits.max_batch_tokens
+            and len(running) <= view.kv.num_free_blocks
+            and not (self.chunked_prefill and _filling(view))
+        ):
+            # Nothing waits, nothing is swapped out, every running request decodes and
+            # each fits whatever block it needs: Algorithm 1 takes the whole decode group
+            # at once (the loop below, its groups before it empty) and the batch repeats.
+            return SchedulerOutput(tuple(self._decode_batch(running)), (), (), True, 0)
         cfg = self.config
         lim = view.limits
         kv = view.kv
@@ -250,14 +270,6 @@ class UnifiedScheduler(Scheduler):
         # something reads either closely (settle): the exact count is a pass over the group
         # and rarely changes a decision (only when M is nearly full).
         unsettled: list[Sequence[Request]] = []
-
-        def settle() -> None:
-            for g in unsettled:
-                ids = [r.req_id for r in g]
-                st.free_blocks += len(ids) - kv.decode_blocks_needed(ids)
-                in_batch.update(ids)
-            unsettled.clear()
-
         swap_in: list[Request] = []
         batch_decode: bool | None = None
         running_decodes = steady_prefills = repeat_reserve = 0
@@ -278,7 +290,7 @@ class UnifiedScheduler(Scheduler):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
             if unsettled and all_decode and st.free_blocks < len(group):
-                settle()  # the test below must see the exact count
+                _settle(unsettled, st, in_batch, kv)  # the test below needs the exact count
             if (
                 all_decode
                 and group
@@ -338,7 +350,7 @@ class UnifiedScheduler(Scheduler):
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
                 if unsettled and need + margin > st.free_blocks:
-                    settle()  # short with one block per decode charged: count exactly
+                    _settle(unsettled, st, in_batch, kv)  # short by the bound: count exactly
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
@@ -416,6 +428,18 @@ class UnifiedScheduler(Scheduler):
         tokens = r.num_prompt_tokens + max(view.predictor.predict(r), r.num_output_tokens + 1) - 1
         tokens = min(tokens, self.max_sequence_tokens(view.limits))
         return -(-tokens // view.limits.block_size)
+
+
+def _settle(
+    unsettled: list[Sequence[Request]], st: _State, in_batch: set[int], kv: KVCacheManager
+) -> None:
+    """Charge the whole decode groups taken so far their exact blocks (one each was
+    charged) and add their ids to the batch's."""
+    for g in unsettled:
+        ids = [r.req_id for r in g]
+        st.free_blocks += len(ids) - kv.decode_blocks_needed(ids)
+        in_batch.update(ids)
+    unsettled.clear()
 
 
 def _filling(view: InstanceView) -> list[Request]:
