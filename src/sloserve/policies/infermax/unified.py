@@ -39,7 +39,7 @@ Choices where the paper is silent (all parameters of :class:`UnifiedConfig`):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Literal
 
@@ -250,12 +250,7 @@ class UnifiedScheduler(Scheduler):
                 )
                 for r in fillers
             }
-        st = _State(
-            free_blocks=kv.num_free_blocks - sum(promised.values()),
-            cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
-            n_running=len(view.running),
-            promised=promised,
-        )
+        st = _State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
         watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
         if cfg.eviction_free:
@@ -412,6 +407,8 @@ class UnifiedScheduler(Scheduler):
     def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
         mode = self.config.preemption_mode
         blocks = kv.num_request_blocks(victim.req_id)
+        if st.cpu_free < 0:  # read at the first eviction (the tier does not change here)
+            st.cpu_free = getattr(getattr(kv, "cpu", None), "free_blocks", 0)
         if mode is PreemptionMode.SWAP and blocks > st.cpu_free:
             mode = PreemptionMode.RECOMPUTE  # the CPU tier is full
         if mode is PreemptionMode.SWAP:
@@ -480,16 +477,20 @@ def _arrival_rank(r: Request) -> tuple[float, float, int]:
     return (r.arrival, 0.0, r.req_id)
 
 
-@dataclass
 class _State:
-    """What GetNextBatch has used up so far in this call."""
+    """What GetNextBatch has used up so far in this call (a plain slotted class: one is
+    built per decision, and a dataclass's default factories cost more than its work)."""
 
-    free_blocks: int
-    cpu_free: int
-    n_running: int
-    promised: dict[int, int] = field(default_factory=dict)
-    preempt: list[tuple[Request, PreemptionMode]] = field(default_factory=list)
-    gone: set[int] = field(default_factory=set)
+    __slots__ = ("cpu_free", "free_blocks", "gone", "n_running", "preempt", "promised")
+
+    def __init__(self, free_blocks: int, n_running: int, promised: dict[int, int]) -> None:
+        self.free_blocks = free_blocks
+        self.n_running = n_running
+        self.promised = promised
+        self.cpu_free = -1
+        """Free blocks of the CPU tier, read at the first eviction (-1: not yet)."""
+        self.preempt: list[tuple[Request, PreemptionMode]] = []
+        self.gone: set[int] = set()
 
 
 class _Victims:
