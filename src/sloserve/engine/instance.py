@@ -495,6 +495,7 @@ class Instance:
         first = len(self.iter_end)
         self.iter_end.extend(ends)
         finished: list[Request] = []
+        prev = first - 1  # a run of tokens ending here is extended, not restarted
         if pending.decodes:
             last = first + k - 1
             for r, _n in pending.batch:  # the loop below without its decode test
@@ -502,7 +503,7 @@ class Instance:
                 n_out = r.num_output_tokens + k
                 r.num_output_tokens = n_out
                 runs = r.token_runs
-                if runs and runs[-1] == first - 1:
+                if runs and runs[-1] == prev:
                     runs[-1] = last
                 else:
                     runs.append(first)
@@ -518,7 +519,7 @@ class Instance:
                 r.num_computed_tokens += k
                 r.num_output_tokens += k
                 runs = r.token_runs  # inlined Request.record_tokens: this is the hot loop
-                if runs and runs[-1] == first - 1:
+                if runs and runs[-1] == prev:
                     runs[-1] = last
                 else:
                     runs.append(first)
@@ -533,7 +534,7 @@ class Instance:
                         r.first_token_time = end
                     r.num_output_tokens += 1
                     runs = r.token_runs  # inlined Request.record_tokens (hot loop)
-                    if runs and runs[-1] == first - 1:
+                    if runs and runs[-1] == prev:
                         runs[-1] = first
                     else:
                         runs.append(first)
