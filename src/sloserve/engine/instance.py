@@ -325,9 +325,14 @@ class Instance:
         if cut <= 0:
             return
         kv = self.kv
-        for r, n in pending.batch:  # not retired yet: the counters are the run's start
-            decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
-            kv.shrink(r.req_id, cut if decode else cut * n)
+        shrink = kv.shrink
+        if pending.decodes:  # every entry a one-token decode (plan_run sorted them)
+            for r, _n in pending.batch:
+                shrink(r.req_id, cut)
+        else:
+            for r, n in pending.batch:  # not retired yet: the counters are the run's start
+                decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+                shrink(r.req_id, cut if decode else cut * n)
         start = self.trace.time[-1]
         self.busy_time = pending.busy_before + (ends[keep - 1] - start)
         self.trace.steps[-1] = keep
