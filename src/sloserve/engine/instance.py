@@ -495,7 +495,9 @@ class Instance:
 
     def _retire(self, pending: _Pending, k: int) -> None:
         """Deliver the first ``k`` iterations of ``pending``: tokens, finishes."""
-        ends = pending.ends[:k]
+        ends = pending.ends
+        if k != len(ends):
+            ends = ends[:k]
         end = ends[-1]
         first = len(self.iter_end)
         self.iter_end.extend(ends)
@@ -548,7 +550,8 @@ class Instance:
                         finished.append(r)
         if self.kv.registering:  # prefix caching: cache the prompt units computed now
             self.kv.retired(pending.batch)
-        finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
+        if self.executor.__class__ is not CostModelExecutor:  # (it never stops a request)
+            finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)
