@@ -379,7 +379,7 @@ class UnifiedScheduler(Scheduler):
                     if status is SWAPPED:
                         # No CPU credit: the engine swaps out before it swaps in.
                         swap_in.append(cand)
-                batch.append(ScheduledRequest(cand, n))
+                batch.append(_new_entry(ScheduledRequest, (cand, n)))  # (no Python __new__)
                 in_batch.add(rid)
                 if not joining:
                     if is_decode:
