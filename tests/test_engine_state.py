@@ -1,7 +1,8 @@
 """State the engine keeps so that the policy need not re-derive it each decision:
-``Instance.filling`` (the running requests that may still be filling) gives the very
-requests a walk of the whole running set gives, at every decision, through
-preemptions (recompute and swap), failures, disaggregated hand-offs and prefix hits."""
+``Instance.filling`` (engine/filling.py: the running requests that may still be
+filling) gives the very requests a walk of the whole running set gives, at every
+decision, through preemptions (recompute and swap), failures, disaggregated hand-offs and
+prefix hits; InferMax's all-decode shortcut answers what Algorithm 1 answers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from helpers import small_linear_cost
 from sloserve.cluster import ClusterConfig
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
+from sloserve.engine import filling as fills
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import InstanceView, Limits
@@ -141,7 +143,7 @@ def test_filling_rechecks_each_request_and_keeps_the_running_order() -> None:
 def test_debug_checks_catch_a_filling_request_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
     # An engine that forgot to note a request joining the running set is caught by the
     # invariant checks (check_invariants=True) at the next decision.
-    monkeypatch.setattr(Instance, "_joined", lambda self, r: None)
+    monkeypatch.setattr(fills, "note_joined", lambda filling, r: None)
     env = Environment()
     inst = Instance(
         env,

@@ -10,7 +10,8 @@ KV allocated when its iteration starts; its tokens are delivered when the iterat
 Beside this file: :mod:`~sloserve.engine.checks` validates each policy output first,
 :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch to the next event in one
 step (as stepping would; ``multi_step=False`` turns it off),
-:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes, and
+:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes,
+:mod:`~sloserve.engine.filling` keeps the running requests that may still be filling, and
 :mod:`~sloserve.engine.teardown` lets requests leave before they finish (abort, horizon,
 failure, a prefill replica's hand-off).
 
@@ -32,6 +33,7 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine import filling as fills
 from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
@@ -45,7 +47,7 @@ from sloserve.engine.interface import (
     Scheduler,
     SchedulerOutput,
 )
-from sloserve.engine.kv import KVCacheManager, KVInvariantError, PagedKVManager
+from sloserve.engine.kv import KVCacheManager, PagedKVManager
 
 _arrival_key = teardown.ARRIVAL_ORDER
 
@@ -136,9 +138,8 @@ class Instance:
         token (module docstring)."""
         self.num_handed_off = 0
         self.filling: dict[int, Request] = {}
-        """Running requests that may be part-way through a (re)fill (a small superset,
-        :attr:`InstanceView.filling`): added when they join ``running`` needing one,
-        dropped at an iteration's end once decoding or gone."""
+        """Running requests that may be part-way through a (re)fill, by id: a small
+        superset the policy reads as :attr:`InstanceView.filling` (:mod:`.filling`)."""
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -234,46 +235,7 @@ class Instance:
             incoming.pop(0)
             r.start(now)
             bisect.insort(self.running, r, key=_arrival_key)
-            self._joined(r)
-
-    def _joined(self, r: Request) -> None:
-        """``r`` joined ``running``: note it in :attr:`filling` if it needs a (re)fill."""
-        n_out = r.num_output_tokens
-        if not n_out or r.num_prompt_tokens + n_out - r.num_computed_tokens != 1:
-            self.filling[r.req_id] = r
-
-    def _prune_filling(self) -> None:
-        """Drop from :attr:`filling` the requests now decoding or no longer running here
-        (at an iteration's end: the only time a fill can complete)."""
-        me = self.instance_id
-        RUNNING = RequestStatus.RUNNING
-        filling = self.filling
-        for rid in [
-            rid
-            for rid, r in filling.items()
-            if r.status is not RUNNING
-            or r.instance_id != me
-            or (
-                r.num_output_tokens
-                and r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
-            )
-        ]:
-            del filling[rid]
-
-    def _check_filling(self) -> None:
-        """(Debug checks) :attr:`filling` holds every running request part-way through a
-        fill: the policy's promised blocks and groups are read from it."""
-        missing = [
-            r.req_id
-            for r in self.running
-            if r.req_id not in self.filling
-            and (
-                not r.num_output_tokens
-                or r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
-            )
-        ]
-        if missing:
-            raise KVInvariantError(f"running requests {missing} fill but are not in `filling`")
+            fills.note_joined(self.filling, r)
 
     def _done(self, req: Request) -> None:
         self.kv.forget(req.req_id)
@@ -393,7 +355,7 @@ class Instance:
             r.swap_in(now)
             self.swapped.remove(r)
             bisect.insort(self.running, r, key=_arrival_key)
-            self._joined(r)
+            fills.note_joined(self.filling, r)
 
         batch = out.batch
         kv_before = kv.num_used_blocks
@@ -410,7 +372,7 @@ class Instance:
                 r.start(now)
                 self.waiting.remove(r)
                 bisect.insort(self.running, r, key=_arrival_key)
-                self._joined(r)
+                fills.note_joined(self.filling, r)
             computed = r.num_computed_tokens
             if split is None and (
                 r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1
@@ -479,7 +441,7 @@ class Instance:
         self.busy_time += ends[-1] - now
         if self.debug_checks:
             kv.check_invariants()
-            self._check_filling()
+            fills.check(self.filling, self.running)
         return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes)
 
     def _complete(self, pending: _Pending) -> None:
@@ -561,7 +523,7 @@ class Instance:
         if self.hand_off is not None:
             self._hand_off(pending.batch, end)
         if self.filling:
-            self._prune_filling()
+            fills.prune(self.filling, self.instance_id)
 
     def _hand_off(self, batch: tuple[ScheduledRequest, ...], end: float) -> None:
         teardown.hand_off(self, batch, end)
