@@ -168,6 +168,7 @@ def test_debug_checks_catch_a_filling_request_left_out(monkeypatch: pytest.Monke
         ("sarathi", {"preemption_mode": "swap"}, 5000),
         ("sarathi-nocp", {}, None),
         ("vllm-hy", {}, None),
+        ("qlm", {}, 5000),  # replaces its config at its first decision (EDF order: off)
     ],
 )
 def test_all_decode_shortcut_answers_what_algorithm_1_answers(
@@ -191,4 +192,19 @@ def test_all_decode_shortcut_answers_what_algorithm_1_answers(
 
     monkeypatch.setattr(unified.UnifiedScheduler, "schedule", both)
     res = simulate_cluster(_cfg(policy, dict(params), kv_tokens), ClusterConfig())
-    assert res.summary["finished"] > 100 and taken[0] > 500 and taken[1] > 10
+    assert res.summary["finished"] > 100
+    if policy == "qlm":  # EDF order: never taken, every decision through Algorithm 1
+        assert taken[0] == 0
+        return
+    assert taken[0] > 500 and taken[1] > 10
+
+
+def test_a_replaced_config_updates_the_shortcut() -> None:
+    import dataclasses
+
+    sched = make_policy("sarathi")
+    assert isinstance(sched, unified.UnifiedScheduler) and sched._all_decode_shortcut
+    sched.config = dataclasses.replace(sched.config, order="edf")
+    assert not sched._all_decode_shortcut
+    sched.config = dataclasses.replace(sched.config, order="fcfs", eviction_free=True)
+    assert not sched._all_decode_shortcut

@@ -108,16 +108,26 @@ class UnifiedScheduler(Scheduler):
         self.config = config
         self.default_prefill_tokens = config.prefill_tokens
         self.chunked_prefill = config.chunked_prefill
-        self._all_decode_shortcut = (
-            config.groups != "single" and config.order == "fcfs" and not config.eviction_free
-        )
-        """Whether :meth:`schedule` may answer "every running request decodes" without
-        Algorithm 1's set-up (fcfs: the running list is already in group order; not
-        eviction-free: its reservations ask the predictor, which may keep state)."""
         self._decode_entries: dict[Request, ScheduledRequest] = {}
         """Each running request's ``(request, 1)`` decode entry, built once and reused by
         every batch that decodes it (a named tuple is immutable; building ~20 per decision
         was a tenth of the policy's time)."""
+
+    @property
+    def config(self) -> UnifiedConfig:
+        """Algorithm 1's parameters (a subclass may replace them: QLM's agent picks its
+        preemption mode at its first decision)."""
+        return self._config
+
+    @config.setter
+    def config(self, config: UnifiedConfig) -> None:
+        self._config = config
+        # Whether schedule may answer "every running request decodes" without Algorithm
+        # 1's set-up: fcfs (the running list is already in group order), not eviction-free
+        # (its reservations ask the predictor, which may keep state).
+        self._all_decode_shortcut = (
+            config.groups != "single" and config.order == "fcfs" and not config.eviction_free
+        )
 
     def _decode_batch(self, group: Sequence[Request]) -> list[ScheduledRequest]:
         entries = self._decode_entries
@@ -153,7 +163,7 @@ class UnifiedScheduler(Scheduler):
 
     # -------------------------------------------------------------- ordering
     def _key(self, view: InstanceView) -> Callable[[Request], tuple[float, float, int]] | None:
-        order = self.config.order
+        order = self._config.order
         if order == "fcfs":
             return None  # the instance keeps every queue in arrival order already
         if order == "priority":
@@ -180,14 +190,14 @@ class UnifiedScheduler(Scheduler):
         def srt(xs: Sequence[Request]) -> Sequence[Request]:
             return sorted(xs, key=key) if key is not None and len(xs) > 1 else xs
 
-        mode = self.config.groups
+        mode = self._config.groups
         if mode == "single":
             allr = [*view.running, *view.swapped, *view.waiting]
             return [(sorted(allr, key=key or _arrival_rank), False)]
         running = srt(view.running)
         # vLLM v0 admits no new prompt while any request is swapped out.
         waiting = srt(view.waiting) if not view.swapped else []
-        if mode == "prefill-first" and not self.config.chunked_prefill:
+        if mode == "prefill-first" and not self._config.chunked_prefill:
             # Without chunking every (re)fill completes in one iteration, so between
             # iterations every running request is decoding.
             return [(srt(view.swapped), False), (waiting, False), (running, True)]
@@ -227,7 +237,7 @@ class UnifiedScheduler(Scheduler):
             # each fits whatever block it needs: Algorithm 1 takes the whole decode group
             # at once (the loop below, its groups before it empty) and the batch repeats.
             return SchedulerOutput(tuple(self._decode_batch(running)), (), (), True, 0)
-        cfg = self.config
+        cfg = self._config
         lim = view.limits
         kv = view.kv
         key = self._key(view)
@@ -405,7 +415,7 @@ class UnifiedScheduler(Scheduler):
         )
 
     def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
-        mode = self.config.preemption_mode
+        mode = self._config.preemption_mode
         blocks = kv.num_request_blocks(victim.req_id)
         if st.cpu_free < 0:  # read at the first eviction (the tier does not change here)
             st.cpu_free = getattr(getattr(kv, "cpu", None), "free_blocks", 0)
