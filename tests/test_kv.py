@@ -87,3 +87,25 @@ def test_a_swapped_request_cannot_grow_on_the_gpu() -> None:
     kv.swap_out(1)
     with pytest.raises(KVInvariantError):
         kv.allocate(1, 1)
+
+
+def test_grow_many_hands_out_the_blocks_allocate_would() -> None:
+    # grow_many reads a request's table only when its last block's free slots do not
+    # cover the growth; the blocks and their order must be allocate's, one by one.
+    import random
+
+    rng = random.Random(5)
+    for _ in range(300):
+        bs = rng.choice([1, 2, 4, 16])
+        a, b = PagedKVManager(400, block_size=bs), PagedKVManager(400, block_size=bs)
+        ids = list(range(rng.randint(1, 8)))
+        for r in ids:
+            t = rng.randint(1, 40)
+            a.allocate(r, t)
+            b.allocate(r, t)
+        n = rng.randint(1, 3 * bs + 1)
+        assert a.grow_many(ids, n)
+        for r in ids:
+            assert b.allocate(r, n) is not None
+        a.check_invariants()
+        assert a._tables == b._tables and a._free == b._free and a._tokens == b._tokens

@@ -133,7 +133,11 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
         durs, ends = inst.cost_model.run_until(stats, now, t_next, k, work_step)
     kv = inst.kv
     reserve = out.repeat_reserve_blocks
-    k = kv.max_uniform_growth(decode_ids, k, kv.num_free_blocks - reserve)
+    free = kv.num_free_blocks - reserve
+    # (A paged manager's own first test, without the call: enough free blocks even if
+    # every request starts on a full block.)
+    if not isinstance(kv, PagedKVManager) or free < len(decode_ids) * (k // kv.block_size + 1):
+        k = kv.max_uniform_growth(decode_ids, k, free)
     if prefills:
         while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
             k -= 1  # the policy's reserve does not cover these chunks (rare: step down)

@@ -10,7 +10,8 @@ KV allocated when its iteration starts; its tokens are delivered when the iterat
 Beside this file: :mod:`~sloserve.engine.checks` validates each policy output first,
 :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch to the next event in one
 step (as stepping would; ``multi_step=False`` turns it off),
-:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes, and
+:mod:`~sloserve.engine.prefix_cache` reuses cached prefixes,
+:mod:`~sloserve.engine.filling` keeps the running requests that may still be filling, and
 :mod:`~sloserve.engine.teardown` lets requests leave before they finish (abort, horizon,
 failure, a prefill replica's hand-off).
 
@@ -32,6 +33,7 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine import filling as fills
 from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.env import PRIO_ITERATION, Environment
@@ -135,6 +137,9 @@ class Instance:
         """Set on a prefill replica: called with each request that leaves after its first
         token (module docstring)."""
         self.num_handed_off = 0
+        self.filling: dict[int, Request] = {}
+        """Running requests that may be part-way through a (re)fill, by id: a small
+        superset the policy reads as :attr:`InstanceView.filling` (:mod:`.filling`)."""
         self.view = InstanceView(
             instance_id=instance_id,
             waiting=self.waiting,
@@ -145,6 +150,7 @@ class Instance:
             predictor=predictor,
             limits=limits,
             iter_end=self.iter_end,
+            filling=self.filling.values(),
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
         self.next_event: Callable[[], float] = env.peek
@@ -229,6 +235,7 @@ class Instance:
             incoming.pop(0)
             r.start(now)
             bisect.insort(self.running, r, key=_arrival_key)
+            fills.note_joined(self.filling, r)
 
     def _done(self, req: Request) -> None:
         self.kv.forget(req.req_id)
@@ -280,9 +287,14 @@ class Instance:
         if cut <= 0:
             return
         kv = self.kv
-        for r, n in pending.batch:  # not retired yet: the counters are the run's start
-            decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
-            kv.shrink(r.req_id, cut if decode else cut * n)
+        shrink = kv.shrink
+        if pending.decodes:  # every entry a one-token decode (plan_run sorted them)
+            for r, _n in pending.batch:
+                shrink(r.req_id, cut)
+        else:
+            for r, n in pending.batch:  # not retired yet: the counters are the run's start
+                decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+                shrink(r.req_id, cut if decode else cut * n)
         start = self.trace.time[-1]
         self.busy_time = pending.busy_before + (ends[keep - 1] - start)
         self.trace.steps[-1] = keep
@@ -343,6 +355,7 @@ class Instance:
             r.swap_in(now)
             self.swapped.remove(r)
             bisect.insort(self.running, r, key=_arrival_key)
+            fills.note_joined(self.filling, r)
 
         batch = out.batch
         kv_before = kv.num_used_blocks
@@ -359,6 +372,7 @@ class Instance:
                 r.start(now)
                 self.waiting.remove(r)
                 bisect.insort(self.running, r, key=_arrival_key)
+                fills.note_joined(self.filling, r)
             computed = r.num_computed_tokens
             if split is None and (
                 r.num_output_tokens and r.num_prompt_tokens + r.num_output_tokens - computed == 1
@@ -427,6 +441,7 @@ class Instance:
         self.busy_time += ends[-1] - now
         if self.debug_checks:
             kv.check_invariants()
+            fills.check(self.filling, self.running)
         return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes)
 
     def _complete(self, pending: _Pending) -> None:
@@ -442,11 +457,14 @@ class Instance:
 
     def _retire(self, pending: _Pending, k: int) -> None:
         """Deliver the first ``k`` iterations of ``pending``: tokens, finishes."""
-        ends = pending.ends[:k]
+        ends = pending.ends
+        if k != len(ends):
+            ends = ends[:k]
         end = ends[-1]
         first = len(self.iter_end)
         self.iter_end.extend(ends)
         finished: list[Request] = []
+        prev = first - 1  # a run of tokens ending here is extended, not restarted
         if pending.decodes:
             last = first + k - 1
             for r, _n in pending.batch:  # the loop below without its decode test
@@ -454,7 +472,7 @@ class Instance:
                 n_out = r.num_output_tokens + k
                 r.num_output_tokens = n_out
                 runs = r.token_runs
-                if runs and runs[-1] == first - 1:
+                if runs and runs[-1] == prev:
                     runs[-1] = last
                 else:
                     runs.append(first)
@@ -470,7 +488,7 @@ class Instance:
                 r.num_computed_tokens += k
                 r.num_output_tokens += k
                 runs = r.token_runs  # inlined Request.record_tokens: this is the hot loop
-                if runs and runs[-1] == first - 1:
+                if runs and runs[-1] == prev:
                     runs[-1] = last
                 else:
                     runs.append(first)
@@ -485,7 +503,7 @@ class Instance:
                         r.first_token_time = end
                     r.num_output_tokens += 1
                     runs = r.token_runs  # inlined Request.record_tokens (hot loop)
-                    if runs and runs[-1] == first - 1:
+                    if runs and runs[-1] == prev:
                         runs[-1] = first
                     else:
                         runs.append(first)
@@ -494,7 +512,8 @@ class Instance:
                         finished.append(r)
         if self.kv.registering:  # prefix caching: cache the prompt units computed now
             self.kv.retired(pending.batch)
-        finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
+        if self.executor.__class__ is not CostModelExecutor:  # (it never stops a request)
+            finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)
@@ -503,6 +522,8 @@ class Instance:
             self._done(r)
         if self.hand_off is not None:
             self._hand_off(pending.batch, end)
+        if self.filling:
+            fills.prune(self.filling, self.instance_id)
 
     def _hand_off(self, batch: tuple[ScheduledRequest, ...], end: float) -> None:
         teardown.hand_off(self, batch, end)

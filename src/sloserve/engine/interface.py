@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -135,10 +135,17 @@ class InstanceView:
     ``iter_end`` is the instance's iteration log (the end time of every iteration so far,
     the instance's own list): ``Request.token_runs`` index into it, so a policy can read
     when each token was delivered (Andes' QoE estimate needs that). Read only.
+
+    ``filling`` (None when unknown) holds every running request that may be part-way
+    through a (re)fill: the engine adds each request that joins ``running`` needing one
+    and drops it once it has seen it decoding or gone, so it is a small superset. A
+    policy that looks for the running requests still filling can walk it instead of
+    all of ``running``, re-testing each (status RUNNING on this instance, tokens left).
     """
 
     __slots__ = (
         "cost_model",
+        "filling",
         "instance_id",
         "iter_end",
         "kv",
@@ -162,6 +169,7 @@ class InstanceView:
         predictor: OutputLengthPredictor,
         limits: Limits,
         iter_end: Sequence[float] = (),
+        filling: Collection[Request] | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.now = 0.0
@@ -173,6 +181,7 @@ class InstanceView:
         self.predictor = predictor
         self.limits = limits
         self.iter_end = iter_end
+        self.filling = filling
 
 
 class Scheduler(ABC):

@@ -319,13 +319,15 @@ class PagedKVManager(KVCacheManager):
                 if not t % bs:
                     tables[r].append(free.pop())
             return True
+        # A table holds ceil(tokens / bs) blocks, so the last one has -tokens % bs free
+        # slots: the table is looked up only when the growth needs more than those.
         for r in req_ids:
-            t = tokens[r] + n_new_tokens
-            tokens[r] = t
-            table = tables[r]
-            more = -(-t // bs) - len(table)
-            if more > 0:
-                table.extend(free[-more:])
+            t = tokens[r]
+            tokens[r] = t + n_new_tokens
+            slack = -t % bs
+            if n_new_tokens > slack:
+                more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
+                tables[r].extend(free[-more:])
                 del free[-more:]
         return True
 

@@ -39,7 +39,8 @@ Choices where the paper is silent (all parameters of :class:`UnifiedConfig`):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+from operator import attrgetter
 from typing import Literal
 
 from sloserve.core.request import Request, RequestStatus
@@ -112,6 +113,22 @@ class UnifiedScheduler(Scheduler):
         every batch that decodes it (a named tuple is immutable; building ~20 per decision
         was a tenth of the policy's time)."""
 
+    @property
+    def config(self) -> UnifiedConfig:
+        """Algorithm 1's parameters (a subclass may replace them: QLM's agent picks its
+        preemption mode at its first decision)."""
+        return self._config
+
+    @config.setter
+    def config(self, config: UnifiedConfig) -> None:
+        self._config = config
+        # Whether schedule may answer "every running request decodes" without Algorithm
+        # 1's set-up: fcfs (the running list is already in group order), not eviction-free
+        # (its reservations ask the predictor, which may keep state).
+        self._all_decode_shortcut = (
+            config.groups != "single" and config.order == "fcfs" and not config.eviction_free
+        )
+
     def _decode_batch(self, group: Sequence[Request]) -> list[ScheduledRequest]:
         entries = self._decode_entries
         try:
@@ -146,7 +163,7 @@ class UnifiedScheduler(Scheduler):
 
     # -------------------------------------------------------------- ordering
     def _key(self, view: InstanceView) -> Callable[[Request], tuple[float, float, int]] | None:
-        order = self.config.order
+        order = self._config.order
         if order == "fcfs":
             return None  # the instance keeps every queue in arrival order already
         if order == "priority":
@@ -162,25 +179,25 @@ class UnifiedScheduler(Scheduler):
         self,
         view: InstanceView,
         key: Callable[[Request], tuple[float, float, int]] | None,
-        filling: dict[int, int],
+        filling: list[Request],
     ) -> list[tuple[Sequence[Request], bool]]:
         """The groups in order, each flagged True when it holds only running decodes.
 
-        ``filling``: the running requests part-way through a (re)fill, by id (every other
-        running request is decoding).
+        ``filling``: the running requests part-way through a (re)fill, in arrival order
+        (every other running request is decoding).
         """
 
         def srt(xs: Sequence[Request]) -> Sequence[Request]:
             return sorted(xs, key=key) if key is not None and len(xs) > 1 else xs
 
-        mode = self.config.groups
+        mode = self._config.groups
         if mode == "single":
             allr = [*view.running, *view.swapped, *view.waiting]
             return [(sorted(allr, key=key or _arrival_rank), False)]
         running = srt(view.running)
         # vLLM v0 admits no new prompt while any request is swapped out.
         waiting = srt(view.waiting) if not view.swapped else []
-        if mode == "prefill-first" and not self.config.chunked_prefill:
+        if mode == "prefill-first" and not self._config.chunked_prefill:
             # Without chunking every (re)fill completes in one iteration, so between
             # iterations every running request is decoding.
             return [(srt(view.swapped), False), (waiting, False), (running, True)]
@@ -189,7 +206,8 @@ class UnifiedScheduler(Scheduler):
         decodes: Sequence[Request]
         prefills: Sequence[Request]
         if filling:
-            prefills = [r for r in running if r.req_id in filling]
+            # In the group's order (every key ends with arrival and id: no ties).
+            prefills = srt(filling)
             # Usually one or two fill: removing them (in C) beats a second pass.
             decodes = list(running)
             for r in prefills:
@@ -205,7 +223,21 @@ class UnifiedScheduler(Scheduler):
 
     # -------------------------------------------------------------- GetNextBatch
     def schedule(self, view: InstanceView) -> SchedulerOutput:
-        cfg = self.config
+        running = view.running
+        if (
+            self._all_decode_shortcut
+            and running
+            and not view.waiting
+            and not view.swapped
+            and len(running) <= view.limits.max_batch_tokens
+            and len(running) <= view.kv.num_free_blocks
+            and not (self.chunked_prefill and _filling(view))
+        ):
+            # Nothing waits, nothing is swapped out, every running request decodes and
+            # each fits whatever block it needs: Algorithm 1 takes the whole decode group
+            # at once (the loop below, its groups before it empty) and the batch repeats.
+            return SchedulerOutput(tuple(self._decode_batch(running)), (), (), True, 0)
+        cfg = self._config
         lim = view.limits
         kv = view.kv
         key = self._key(view)
@@ -219,19 +251,16 @@ class UnifiedScheduler(Scheduler):
         # Without chunking there are none: a (re)fill is scheduled whole and completes in
         # its iteration (``_groups`` relies on it too), so no pass over the running set.
         promised: dict[int, int] = {}
+        fillers: list[Request] = []
         if cfg.chunked_prefill:
+            fillers = _filling(view)
             promised = {
-                r.req_id: blocks_needed(r.req_id, rem)
-                for r in view.running
-                if (rem := r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens) != 1
-                or not r.num_output_tokens
+                r.req_id: blocks_needed(
+                    r.req_id, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+                )
+                for r in fillers
             }
-        st = _State(
-            free_blocks=kv.num_free_blocks - sum(promised.values()),
-            cpu_free=getattr(getattr(kv, "cpu", None), "free_blocks", 0),
-            n_running=len(view.running),
-            promised=promised,
-        )
+        st = _State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
         watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
         if cfg.eviction_free:
@@ -241,6 +270,11 @@ class UnifiedScheduler(Scheduler):
             )
         batch: list[ScheduledRequest] = []
         in_batch: set[int] = set()
+        # Whole decode groups taken before another group: free_blocks is charged one block
+        # per decode (at most what each needs) and their ids are left out of in_batch until
+        # something reads either closely (settle): the exact count is a pass over the group
+        # and rarely changes a decision (only when M is nearly full).
+        unsettled: list[Sequence[Request]] = []
         swap_in: list[Request] = []
         batch_decode: bool | None = None
         running_decodes = steady_prefills = repeat_reserve = 0
@@ -255,11 +289,13 @@ class UnifiedScheduler(Scheduler):
         RUNNING = RequestStatus.RUNNING
         SWAPPED = RequestStatus.PREEMPTED_SWAPPED
 
-        groups = self._groups(view, key, promised)
+        groups = self._groups(view, key, fillers)
         last = len(groups) - 1
         for gi, (group, all_decode) in enumerate(groups):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
+            if unsettled and all_decode and st.free_blocks < len(group):
+                _settle(unsettled, st, in_batch, kv)  # the test below needs the exact count
             if (
                 all_decode
                 and group
@@ -273,9 +309,8 @@ class UnifiedScheduler(Scheduler):
                 if gi != last:
                     # (The last group, vLLM's running decodes: nothing after it reads the
                     # blocks left or what is in the batch, so neither is walked for.)
-                    ids = [r.req_id for r in group]
-                    st.free_blocks -= kv.decode_blocks_needed(ids)
-                    in_batch.update(ids)
+                    st.free_blocks -= len(group)
+                    unsettled.append(group)
                 budget_c -= len(group)
                 batch.extend(self._decode_batch(group))
                 running_decodes += len(group)
@@ -319,6 +354,8 @@ class UnifiedScheduler(Scheduler):
                     if status is RUNNING:
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
+                if unsettled and need + margin > st.free_blocks:
+                    _settle(unsettled, st, in_batch, kv)  # short by the bound: count exactly
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
@@ -352,7 +389,7 @@ class UnifiedScheduler(Scheduler):
                     if status is SWAPPED:
                         # No CPU credit: the engine swaps out before it swaps in.
                         swap_in.append(cand)
-                batch.append(ScheduledRequest(cand, n))
+                batch.append(_new_entry(ScheduledRequest, (cand, n)))  # (no Python __new__)
                 in_batch.add(rid)
                 if not joining:
                     if is_decode:
@@ -378,8 +415,10 @@ class UnifiedScheduler(Scheduler):
         )
 
     def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
-        mode = self.config.preemption_mode
+        mode = self._config.preemption_mode
         blocks = kv.num_request_blocks(victim.req_id)
+        if st.cpu_free < 0:  # read at the first eviction (the tier does not change here)
+            st.cpu_free = getattr(getattr(kv, "cpu", None), "free_blocks", 0)
         if mode is PreemptionMode.SWAP and blocks > st.cpu_free:
             mode = PreemptionMode.RECOMPUTE  # the CPU tier is full
         if mode is PreemptionMode.SWAP:
@@ -398,20 +437,70 @@ class UnifiedScheduler(Scheduler):
         return -(-tokens // view.limits.block_size)
 
 
+def _settle(
+    unsettled: list[Sequence[Request]], st: _State, in_batch: set[int], kv: KVCacheManager
+) -> None:
+    """Charge the whole decode groups taken so far their exact blocks (one each was
+    charged) and add their ids to the batch's."""
+    for g in unsettled:
+        ids = [r.req_id for r in g]
+        st.free_blocks += len(ids) - kv.decode_blocks_needed(ids)
+        in_batch.update(ids)
+    unsettled.clear()
+
+
+def _filling(view: InstanceView) -> list[Request]:
+    """The running requests part-way through a (re)fill, in arrival order: from the
+    engine's small superset (:attr:`InstanceView.filling`) when it keeps one, else from
+    every running request."""
+    src = view.filling
+    if src is None:
+        return [
+            r
+            for r in view.running
+            if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+            or not r.num_output_tokens
+        ]
+    if not src:
+        return []
+    me = view.instance_id
+    RUNNING = RequestStatus.RUNNING
+    found = [
+        r
+        for r in src
+        if r.status is RUNNING
+        and r.instance_id == me
+        and (
+            r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+            or not r.num_output_tokens
+        )
+    ]
+    if len(found) > 1:
+        found.sort(key=_ARRIVAL)  # the order of the running list
+    return found
+
+
+_ARRIVAL = attrgetter("arrival", "req_id")
+
+
 def _arrival_rank(r: Request) -> tuple[float, float, int]:
     return (r.arrival, 0.0, r.req_id)
 
 
-@dataclass
 class _State:
-    """What GetNextBatch has used up so far in this call."""
+    """What GetNextBatch has used up so far in this call (a plain slotted class: one is
+    built per decision, and a dataclass's default factories cost more than its work)."""
 
-    free_blocks: int
-    cpu_free: int
-    n_running: int
-    promised: dict[int, int] = field(default_factory=dict)
-    preempt: list[tuple[Request, PreemptionMode]] = field(default_factory=list)
-    gone: set[int] = field(default_factory=set)
+    __slots__ = ("cpu_free", "free_blocks", "gone", "n_running", "preempt", "promised")
+
+    def __init__(self, free_blocks: int, n_running: int, promised: dict[int, int]) -> None:
+        self.free_blocks = free_blocks
+        self.n_running = n_running
+        self.promised = promised
+        self.cpu_free = -1
+        """Free blocks of the CPU tier, read at the first eviction (-1: not yet)."""
+        self.preempt: list[tuple[Request, PreemptionMode]] = []
+        self.gone: set[int] = set()
 
 
 class _Victims:
