@@ -13,6 +13,7 @@ from run to run. Everything else — every latency, count and attainment — mus
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -41,6 +42,11 @@ RUNS: list[list[str]] = [
      "--slo", "bros"],
     ["simulate", "--policy", "sarathi", "--workload", "sharegpt", "--rate", "2", "--duration", "60",
      "--profile", "llama-2-70b-a100x2"],
+    # The cluster layer: routing over replicas with a failure mid-run, and QLM's planner.
+    ["simulate", "--policy", "sarathi", "--workload", "sharegpt", "--rate", "12", "--duration",
+     "60", "--replicas", "3", "--router", "power-of-two"],
+    ["simulate", "--policy", "vllm", "--workload", "sharegpt", "--rate", "8", "--duration", "60",
+     "--replicas", "2", "--router", "qlm"],
     ["optimal", "--requests", "3", "--input", "32", "--output", "3", "--kv-capacity", "64"],
 ]
 
@@ -79,7 +85,10 @@ def diff(a_path: str, b_path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--diff":
-        sys.exit(diff(sys.argv[2], sys.argv[3]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two snapshots")
+    ns = ap.parse_args()
+    if ns.diff:
+        sys.exit(diff(*ns.diff))
     json.dump(snapshot(), sys.stdout, indent=1, sort_keys=True)
     print()
