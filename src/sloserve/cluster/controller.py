@@ -5,8 +5,8 @@ request ending, a replica failing), each with the read-only
 :class:`~sloserve.cluster.view.ClusterView`, and returns :data:`Action` objects; the cluster
 applies them, in order, at once. One exception: when the actions answering a ``finish`` include
 a :class:`Requeue` of the replica that request finished on, that replica is still retiring its
-batch, so the whole list is applied, in order, at the same instant right after the retire. A
-controller never touches an instance.
+batch, so the whole list is applied, in order, at the same instant right after the retire
+(and after the finish's own queue pulls). A controller never touches an instance.
 
 Actions and what the cluster does with them:
 

@@ -13,7 +13,10 @@ Where the numbers come from (choices, written down):
   neither must be given ``weights_gib``.
 - The tier: a model this replica has served before loads from ``cpu`` (its weights stayed
   in host memory: QLM's warm start); any other from the model's ``tier`` (default
-  ``disk``).
+  ``disk``). A controller that reads models into host memory ahead of time (QLM's
+  prefetch; ``lifecycle.ReadsIntoCPU``) may shorten a load that starts while that read is
+  under way to the rest of the read plus the copy from host memory, tier ``read``
+  (the cold load when that is quicker).
 - Bandwidths (:class:`TransferConfig`, ``cluster.transfer``): disk 2 GB/s (an NVMe read
   through the page cache; see ``costmodel/transfer.py``), host-to-GPU the GPU spec's
   effective PCIe rate (25 GB/s for Gen4) per GPU, so × TP for a tensor-parallel replica;
