@@ -49,11 +49,11 @@ def flush_waits(qr: QLMRouter, v: ReplicaView) -> bool:
     applies a :class:`Requeue` of that replica right after the retire, for any controller
     (``cluster/controller.py``), so this is no longer what keeps the engine whole (it was
     first written when quick W_A seed 2 under flush broke the retire). It stays as QLM's
-    timing choice, because flushing at that very instant re-plans on a view where the
-    finished request's replica looks busier than it is. Measured on quick W_A under flush
-    (lead's review, this rule vs flushing at once): seed 2 finished 290/290 requests with
-    18 model changes against 226/290 with 101 changes; seed 1 0.85 against 0.996
-    attainment. Flush is not the default (``drain`` is)."""
+    timing choice, with the runs ``docs/papers/qlm.md`` reports measured under it; the
+    alternative, flushing at that very instant, measured mixed on quick W_A under flush
+    (lead's review): seed 2 finished 226/290 requests with 101 model changes against
+    290/290 with 18 under this rule, seed 1 reached 0.996 attainment against 0.85. Flush
+    is not the default (``drain`` is)."""
     return qr.swap == "flush" and v.replica_id == qr._retiring and v.outstanding > 0
 
 
