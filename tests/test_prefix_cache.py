@@ -141,7 +141,7 @@ def test_the_lru_list_stays_bounded_without_evictions(monkeypatch: pytest.Monkey
     for rid in range(10, 1010):
         assert kv.lookup_prefix(rq(rid, (1, 2), 17)) == 16
         kv.free(rid)
-        assert len(kv._lru_keys) - kv._lru_head <= 2 * 4 + 4 + 2
+        assert len(kv._lru) - kv._lru_head <= 2 * 4 + 4 + 2
     kv.check_invariants()
     grow(kv, 5, 48)  # 12 blocks: evicts the two oldest units, request 2's
     assert kv.evicted_units == 2
@@ -175,8 +175,8 @@ def test_invariant_check_catches_a_corrupted_reference_count() -> None:
     kv = mgr()
     kv.lookup_prefix(rq(1, (1, 2), 17))
     grow(kv, 1, 17)
-    key = next(iter(kv._state))
-    kv._state[key] += 1  # one holder more than hold it
+    seg = next(iter(kv._unit.values()))
+    seg.holders[7] = seg.top  # one holder more than hold it
     with pytest.raises(KVInvariantError):
         kv.check_invariants()
 
@@ -216,7 +216,7 @@ def _random_op(
     elif op == "shrink" and rid in live and kv.num_tokens(rid) > n:
         # The engine cuts only a fast-forwarded run that has not retired: no cached
         # unit covers its tokens. Cutting into one is a bug the manager refuses.
-        if len(kv._held.get(rid, [])) * 8 <= kv.num_tokens(rid) - n:
+        if kv.held_units(rid) * 8 <= kv.num_tokens(rid) - n:
             kv.shrink(rid, n)
         else:
             with pytest.raises(KVInvariantError):

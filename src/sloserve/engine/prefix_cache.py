@@ -58,14 +58,17 @@ the policy again.
 
 from __future__ import annotations
 
+import bisect
 import functools
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
+from sloserve.engine.prefix_segments import LRUEntry, Segment, new_top, trim_lru
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -73,12 +76,6 @@ if TYPE_CHECKING:
 SOURCE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake's traces (the prompt identity's grain)."""
 
-_MIX = 0x9E3779B97F4A7C15
-
-_ONE = 1 << 20
-"""A referenced unit's state (constructor): holders in the low 20 bits, then its position
-in the table that locates it (20 bits), then that request's id."""
-_MASK = _ONE - 1
 _COMPACT = 4096  # LRU list entries consumed before the list drops them
 
 
@@ -127,28 +124,21 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        # Cached units: one int per key in ``_state`` (one dictionary operation per unit
-        # registered, released or evicted — the cost of caching is these operations).
-        # - Referenced (> 0): holders + _ONE * (position + _ONE * request): its blocks are
-        #   where that request's table has that unit (the holders share them), or, once that
-        #   request freed its table while others hold the unit, in ``_orphans``.
-        # - Unreferenced (< 0): ``~stamp``, its place in the LRU list ``_lru_keys``
-        #   (absolute: ``_lru_base`` is the stamp of the list's first entry). A unit hit
-        #   again leaves a stale entry there (its state no longer names that stamp), which
-        #   eviction skips, so the list is the LRU order of the unreferenced units.
-        #   Its blocks are *anonymous*: they lie on the free list, which then holds
-        #   ``unit_blocks * _cached`` blocks more than the truly free ones (``_spare``).
-        #   Which block ids a unit has never changes a result, only how many: eviction then
-        #   moves no block id and release returns a table as the plain manager does.
-        self._state: dict[int, int] = {}
-        self._orphans: dict[int, tuple[int, ...]] = {}
-        self._lru_keys: list[int] = []
+        # Cached units, kept per chain segment (engine/prefix_segments.py): each cached
+        # unit's key maps to its segment (the only per-unit entry; added and removed in
+        # C-level bulk); holders, reference counts, where blocks are and the LRU order
+        # are per segment. An unreferenced unit's blocks are *anonymous*: they lie on the
+        # free list, which then holds ``unit_blocks * _cached`` blocks more than the truly
+        # free ones (``_spare``). Which block ids a unit has never changes a result, only
+        # how many: eviction then moves no block id and release returns a table as the
+        # plain manager does.
+        self._unit: dict[int, Segment] = {}
+        self._held: dict[int, list[Segment]] = {}  # request -> the segments of its prefix
+        self._lru: list[LRUEntry] = []  # oldest first; dead entries skipped
         self._lru_head = 0  # the list's first entry eviction has not consumed
-        self._lru_base = 0
         self._cached = 0  # unreferenced cached units
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
         self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
-        self._held: dict[int, list[int]] = {}  # request -> keys it references (a prefix)
         self._open: set[int] = set()  # requests that still register their new units
         self._transfer = 0
         # CPU-tier hits are priced in the iteration that admits their request (the copy
@@ -184,9 +174,18 @@ class PrefixCachingKVManager(PagedKVManager):
         """Blocks on the free list that no cached unit stands for (truly free)."""
         return len(self._free) - self._cached * self.unit_blocks
 
+    def held_units(self, req_id: int) -> int:
+        """Cached units the request holds (its prefix: units ``0 .. n-1``)."""
+        held = self._held.get(req_id)
+        return held[-1].holders[req_id] if held else 0
+
     def reference_counts(self) -> dict[int, int]:
         """Holders of every cached unit, by key (0: cached, unreferenced)."""
-        return {key: v & _MASK if v > 0 else 0 for key, v in self._state.items()}
+        counts = {}
+        for seg in {id(s): s for s in self._unit.values()}.values():
+            for p in range(seg.lo, seg.end):
+                counts[seg.keys[p]] = sum(1 for end in seg.holders.values() if end > p)
+        return counts
 
     def _reclaim(self, need: int) -> None:
         """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
@@ -198,33 +197,40 @@ class PrefixCachingKVManager(PagedKVManager):
         self.evicted_units += n
         self._cached -= n
         host = self._host if self.cpu_cache_units else None
-        state, lst, i, base = self._state, self._lru_keys, self._lru_head, self._lru_base
+        drop = self._unit.__delitem__
+        lst, i = self._lru, self._lru_head
         while n:
-            key = lst[i]
-            if state.get(key) == ~(base + i):  # else: a stale entry (the unit was hit)
-                del state[key]
-                n -= 1
-                if host is not None:
+            entry = lst[i]
+            a, b = entry.a, entry.b
+            if a >= b:  # dead: a hit took its units
+                i += 1
+                continue
+            seg = entry.seg
+            lo = b - n if b - n > a else a  # a segment's highest units go first
+            gone = seg.keys[lo:b]
+            any(map(drop, gone))  # C-level: the index forgets them (returns None each)
+            if host is not None:
+                cap = self.cpu_cache_units
+                for key in reversed(gone):
                     host[key] = None
                     host.move_to_end(key)
-                    if len(host) > self.cpu_cache_units:
+                    if len(host) > cap:
                         host.popitem(last=False)
-            i += 1
+            seg.end = entry.b = lo
+            n -= b - lo
+            if lo == a:  # consumed: it was the segment's oldest entry
+                del seg.lru[0]
+                i += 1
         if i > _COMPACT and 2 * i > len(lst):
             del lst[:i]
-            self._lru_base += i
             i = 0
         self._lru_head = i
 
-    def _renumber_lru(self) -> None:
-        """Drop the LRU list's stale entries (units hit since), keeping its order: without
+    def _compact_lru(self) -> None:
+        """Drop the LRU list's dead entries (emptied by hits), keeping its order: without
         evictions to consume them, hits and releases would grow it without bound."""
-        state, lst, i = self._state, self._lru_keys, self._lru_head
-        stamp = self._lru_base + len(lst)  # fresh stamps: no stale entry can match them
-        live = [k for j, k in enumerate(lst[i:], self._lru_base + i) if state.get(k) == ~j]
-        for j, key in enumerate(live, stamp):
-            state[key] = ~j
-        self._lru_keys, self._lru_head, self._lru_base = live, 0, stamp
+        self._lru = [e for e in self._lru[self._lru_head :] if e.a < e.b]
+        self._lru_head = 0
 
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
@@ -236,38 +242,48 @@ class PrefixCachingKVManager(PagedKVManager):
             keys = self._keys[rid] = unit_keys(
                 req.hash_ids, req.num_prompt_tokens, self.unit_tokens, self.source_block_tokens
             )
-        held = self._held.get(rid, [])
-        start = len(held)
+        chain = self._held.get(rid)
+        start = chain[-1].holders[rid] if chain else 0
         if rid in self._swapped or self._tokens.get(rid, 0) != start * self.unit_tokens:
             raise KVInvariantError(f"request {rid} looked up its prefix while holding KV")
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
-        state, free = self._state, self._free
-        table = self._tables.get(rid, [])
-        held = list(held)
+        unit, free, tables = self._unit, self._free, self._tables
+        table = tables.get(rid, [])
+        chain = [] if chain is None else chain
         u = self.unit_blocks
-        me = rid * _ONE
-        for key in keys[start:most]:
-            v = state.get(key)
-            if v is None:
+        p = start
+        while p < most:
+            seg = unit.get(keys[p])
+            if seg is None:
                 break
-            if v > 0:  # its blocks are where a holder has them
-                orphan = self._orphans.get(key)
-                if orphan is None:
-                    i = (v >> 20) & _MASK
-                    table.extend(self._tables[v >> 40][i * u : (i + 1) * u])
-                else:
-                    table.extend(orphan)
-                state[key] = v + 1
-            else:  # anonymous on the free list: any of them will do (constructor)
-                self._cached -= 1  # its LRU entry is stale now
-                state[key] = 1 + _ONE * (len(held) + me)
-                table.extend(free[-u:])
-                del free[-u:]
-            held.append(key)
-        gpu = len(held)
+            # This segment's units from p, as far as the chain goes on in it.
+            lim = most if most < seg.end else seg.end
+            sk = seg.keys
+            if sk[lim - 1] != keys[lim - 1]:  # the chains part inside: where (keys chain)
+                lim = bisect.bisect_left(range(p + 1, lim), True, key=lambda q: sk[q] != keys[q])
+                lim += p + 1
+            top = seg.top
+            if p < top:  # referenced: the blocks are where its holders have them
+                stop = lim if lim < top else top
+                table.extend(tables[seg.ref][p * u : stop * u])
+            if lim > top:  # unreferenced: anonymous on the free list, any will do
+                self._cached -= lim - top  # (p <= top: a holder here ends at top or below)
+                take = (lim - top) * u
+                table.extend(free[-take:])
+                del free[-take:]
+                seg.top = lim
+                seg.ref = rid
+                if seg.lru:
+                    trim_lru(seg, lim)
+            if not chain or chain[-1] is not seg:
+                chain.append(seg)
+            seg.holders[rid] = lim
+            p = lim
+        gpu = p
         if self._host and gpu < most:
             host = self._host
+            own: Segment | None = None
             for key in keys[gpu:most]:
                 # Room for the copy without evicting what this request holds or needs.
                 if key not in host or len(free) < u:
@@ -277,12 +293,16 @@ class PrefixCachingKVManager(PagedKVManager):
                 host[key] = None  # the host copy stays (newest), as LMCache keeps it
                 if len(host) > self.cpu_cache_units:
                     host.popitem(last=False)
-                state[key] = 1 + _ONE * (len(held) + me)
-                held.append(key)
+                if own is None:  # a segment of its own: it brought these units back
+                    own = Segment(keys, p, rid)
+                    chain.append(own)
+                unit[key] = own
+                p += 1
+                own.end = own.top = own.holders[rid] = p
                 table.extend(free[-u:])
                 del free[-u:]
-        cpu = len(held) - gpu
-        gained = (len(held) - start) * self.unit_tokens
+        cpu = p - gpu
+        gained = (p - start) * self.unit_tokens
         looked = 0 if start else req.num_prompt_tokens  # a refresh looks up nothing new
         self.lookup_tokens += looked
         self.hit_tokens_gpu += (gpu - start) * self.unit_tokens
@@ -292,18 +312,18 @@ class PrefixCachingKVManager(PagedKVManager):
         if looked or gained:
             self.hit_log.append((self.now, looked, gained))
         self._open.add(rid)
-        if held:
-            self._held[rid] = held
-            self._tables[rid] = table
-            self._tokens[rid] = len(held) * self.unit_tokens
+        if chain:
+            self._held[rid] = chain
+            tables[rid] = table
+            self._tokens[rid] = p * self.unit_tokens
         return gained
 
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
-        state, host = self._state, self._host
+        unit, host = self._unit, self._host
         n = 0
         for key in keys:
-            if key not in state and key not in host:
+            if key not in unit and key not in host:
                 break
             n += 1
         return n * self.unit_tokens
@@ -331,26 +351,31 @@ class PrefixCachingKVManager(PagedKVManager):
         if not keys:
             self._open.discard(rid)
             return
-        held = self._held.get(rid)
-        k = len(held) if held is not None else 0
+        chain = self._held.get(rid)
+        k = chain[-1].holders[rid] if chain else 0
         full = min(len(keys), tokens // self.unit_tokens)
         if full <= k:
             return
-        if held is None:
-            held = self._held[rid] = []
-        state = self._state
-        me = rid * _ONE
-        for i in range(k, full):
-            key = keys[i]
-            if key in state:  # computed by another request too: ours stays private
-                self._open.discard(rid)
-                break
-            state[key] = 1 + _ONE * (i + me)
-            held.append(key)
-        else:
-            if full == len(keys):
-                self._open.discard(rid)
-        self.registered += len(held) - k
+        new = keys[k:full]
+        unit = self._unit
+        n = full - k
+        if not unit.keys().isdisjoint(new):  # computed by another request too: from the
+            n = next(i for i, key in enumerate(new) if key in unit)  # first, ours stay private
+            self._open.discard(rid)
+        elif full == len(keys):
+            self._open.discard(rid)
+        if not n:
+            return
+        if chain is None:
+            chain = self._held[rid] = []
+        seg = chain[-1] if chain else None
+        if seg is None or seg.owner != rid or seg.end != k:
+            seg = Segment(keys, k, rid)
+            chain.append(seg)
+        seg.end = seg.top = seg.holders[rid] = k + n
+        seg.ref = rid
+        unit.update(zip(new[:n] if n < full - k else new, repeat(seg)))
+        self.registered += n
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
@@ -382,51 +407,50 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def free(self, req_id: int) -> int:
         self._copying.pop(req_id, None)  # released before it ran: no copy was needed
-        held = self._held.pop(req_id, None)
+        chain = self._held.pop(req_id, None)
         self._open.discard(req_id)
-        if not held:
+        if not chain:
             return super().free(req_id)
         table = self._tables.pop(req_id)
         self._tokens.pop(req_id, None)
-        state, free, lst = self._state, self._free, self._lru_keys
-        first = stamp = self._lru_base + len(lst)
-        for key in reversed(held):  # the tail is evicted first
-            v = state[key] - 1
-            if v < 0:
-                raise KVInvariantError(f"cached unit {key} released while unreferenced")
-            if v & _MASK:
-                state[key] = v
-            else:  # unreferenced: the newest in the LRU list
-                state[key] = ~stamp
-                lst.append(key)
-                stamp += 1
-        released = stamp - first
-        self._cached += released
-        if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly stale entries
-            self._renumber_lru()
-        orphans = self._orphans
-        if orphans:  # an unreferenced unit keeps no blocks of its own
-            for key in held:
-                if state[key] < 0:
-                    orphans.pop(key, None)
-        if released == len(held):  # the usual case: it alone held them
-            free.extend(table)  # every block, the units' anonymous (constructor)
-            return len(table)
+        free, lst = self._free, self._lru
         u = self.unit_blocks
-        for i, key in enumerate(held):
-            v = state[key]
-            if v < 0:  # its blocks join the free list, anonymous
-                free.extend(table[i * u : (i + 1) * u])
-            elif v >> 40 == req_id and key not in orphans:  # the others keep them
-                orphans[key] = tuple(table[i * u : (i + 1) * u])
-        free.extend(table[len(held) * u :])
+        if chain[-1].owner == req_id:  # it registers nothing more (a requeued request,
+            chain[-1].owner = None  # looking up again, registers into segments of its own)
+        cut = chain[-1].holders[req_id]  # its units from ``cut`` on are nobody else's
+        for seg in reversed(chain):  # the tail is evicted first
+            end = seg.holders.pop(req_id)
+            if seg.ref != req_id:  # a holder reaching as far keeps these units
+                break
+            top = new_top(seg)
+            if top >= end:
+                break
+            seg.top = top
+            entry = LRUEntry(seg, top, end)  # unreferenced now: the newest in the LRU list
+            lst.append(entry)
+            seg.lru.append(entry)
+            self._cached += end - top
+            cut = top
+            if top > seg.lo:  # the units below are held: so is everything before
+                break
+        else:
+            seg = chain[0]
+        # The segments before the one the loop stopped at only lose this holder (another
+        # one reaches as far: their units stay referenced).
+        for older in chain[: chain.index(seg)]:
+            del older.holders[req_id]
+            if older.ref == req_id:
+                new_top(older)
+        if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly dead entries
+            self._compact_lru()
+        free.extend(table[cut * u :])  # the released units' blocks join it, anonymous
         return len(table)
 
     def shrink(self, req_id: int, n_tokens: int) -> None:
         # The engine cuts a fast-forwarded run before it retires: its tokens are past every
         # unit the request holds. Cutting into one would free blocks others may share.
-        held = self._held.get(req_id)
-        if held and self._tokens[req_id] - n_tokens < len(held) * self.unit_tokens:
+        held = self.held_units(req_id)
+        if held and self._tokens[req_id] - n_tokens < held * self.unit_tokens:
             raise KVInvariantError(f"request {req_id}: shrinking would cut a cached unit")
         super().shrink(req_id, n_tokens)
 
@@ -440,11 +464,15 @@ class PrefixCachingKVManager(PagedKVManager):
         table = self._tables.get(req_id)
         if table is None:
             return 0
-        held = self._held.get(req_id)
-        if not held:
+        chain = self._held.get(req_id)
+        if not chain:
             return len(table)
-        state = self._state
-        return len(table) - self.unit_blocks * sum(1 for key in held if state[key] & _MASK > 1)
+        shared = 0  # its units some other request holds too
+        for seg in chain:
+            end = seg.holders[req_id]
+            other = max((e for r, e in seg.holders.items() if r != req_id), default=seg.lo)
+            shared += min(end, other) - seg.lo
+        return len(table) - self.unit_blocks * shared
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         table = self._tables.get(req_id)
