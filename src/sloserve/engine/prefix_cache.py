@@ -10,7 +10,8 @@ block. Caching therefore works in *units* of ``u = max(1, 512 // block_size)`` e
 blocks (``U = u · block_size`` tokens: exactly one trace block for 16, 32, 64, 128, 256 and
 512; one engine block of 1,024 tokens covering two trace blocks for ``block_size`` 1024).
 Unit ``i`` covers tokens ``[i·U, (i+1)·U)``; its key hashes the chained hash of every trace
-block up to the one holding its last token, with the unit's end: equal keys mean an
+block up to the one holding its last token, with the unit's end (when ``U`` is one trace
+block, the chained hash alone: the chain's length is the end): equal keys mean an
 identical prefix. When ``block_size`` does not divide 512 the key is stricter than
 needed (it includes the whole last trace block) and some hits are missed, never a false
 one. Keys are Python's integer/tuple hashes (deterministic: no hash randomisation for
@@ -58,7 +59,6 @@ the policy again.
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
-from sloserve.engine.prefix_segments import LRUEntry, Segment, new_top, trim_lru
+from sloserve.engine.prefix_segments import LRUEntry, Segment, agree_until, new_top, trim_lru
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -85,19 +85,22 @@ def unit_keys(
 ) -> tuple[int, ...]:
     """Keys of the full cache units of a prompt (module docstring): unit ``i`` is keyed by
     the chained hash of the trace blocks up to the one holding its last token, and its
-    end. Only units inside the prompt and covered by ``hash_ids`` have a key."""
+    end — or, when a unit is one trace block, by that chained hash alone (the chain's
+    length is the end). Only units inside the prompt and covered by ``hash_ids`` have a
+    key."""
     covered = min(prompt_tokens, len(hash_ids) * source_tokens)
     n = covered // unit_tokens
     if n == 0:
         return ()
     prefix: list[int] = []  # the chained hash of each trace block
+    append = prefix.append
     h = 0
     for block in hash_ids[: ((n * unit_tokens) - 1) // source_tokens + 1]:
         h = hash((h, block))
-        prefix.append(h)
+        append(h)
+    if unit_tokens == source_tokens:  # unit i is trace block i: its chain ends there
+        return tuple(prefix)
     ends = range(unit_tokens, n * unit_tokens + 1, unit_tokens)
-    if unit_tokens == source_tokens:  # unit i is trace block i: the same keys, hashed in C
-        return tuple(map(hash, zip(prefix, ends, strict=True)))
     return tuple(hash((prefix[(end - 1) // source_tokens], end)) for end in ends)
 
 
@@ -259,10 +262,8 @@ class PrefixCachingKVManager(PagedKVManager):
                 break
             # This segment's units from p, as far as the chain goes on in it.
             lim = most if most < seg.end else seg.end
-            sk = seg.keys
-            if sk[lim - 1] != keys[lim - 1]:  # the chains part inside: where (keys chain)
-                lim = bisect.bisect_left(range(p + 1, lim), True, key=lambda q: sk[q] != keys[q])
-                lim += p + 1
+            if seg.keys[lim - 1] != keys[lim - 1]:  # the chains part inside it
+                lim = agree_until(keys, seg.keys, p, lim)
             top = seg.top
             if p < top:  # referenced: the blocks are where its holders have them
                 stop = lim if lim < top else top
@@ -321,12 +322,18 @@ class PrefixCachingKVManager(PagedKVManager):
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
         unit, host = self._unit, self._host
-        n = 0
-        for key in keys:
-            if key not in unit and key not in host:
+        n = len(keys)
+        p = 0
+        while p < n:  # on the GPU: a segment at a time (as lookup_prefix walks)
+            seg = unit.get(keys[p])
+            if seg is None:
                 break
-            n += 1
-        return n * self.unit_tokens
+            lim = n if n < seg.end else seg.end
+            p = lim if seg.keys[lim - 1] == keys[lim - 1] else agree_until(keys, seg.keys, p, lim)
+        if host:  # then in the CPU tier
+            while p < n and (keys[p] in host or keys[p] in unit):
+                p += 1
+        return p * self.unit_tokens
 
     def take_transfer_tokens(self) -> int:
         moved, self._transfer = self._transfer, 0
@@ -352,44 +359,65 @@ class PrefixCachingKVManager(PagedKVManager):
             self._open.discard(rid)
             return
         chain = self._held.get(rid)
-        k = chain[-1].holders[rid] if chain else 0
-        full = min(len(keys), tokens // self.unit_tokens)
+        seg = chain[-1] if chain else None
+        k = seg.holders[rid] if seg is not None else 0
+        full = tokens // self.unit_tokens
+        if full > len(keys):
+            full = len(keys)
         if full <= k:
             return
-        new = keys[k:full]
         unit = self._unit
         n = full - k
-        if not unit.keys().isdisjoint(new):  # computed by another request too: from the
-            n = next(i for i, key in enumerate(new) if key in unit)  # first, ours stay private
+        if n == 1:  # the usual: one prefill chunk of 512 tokens computed one unit
+            if keys[k] in unit:  # computed by another request too: ours stays private
+                self._open.discard(rid)
+                return
+            new: Sequence[int] = (keys[k],)
+        else:
+            new = keys[k:full]
+            if not unit.keys().isdisjoint(new):  # from the first computed by another
+                n = next(i for i, key in enumerate(new) if key in unit)  # too, ours stay
+                self._open.discard(rid)  # private
+                if not n:
+                    return
+                new = new[:n]
+        if full == len(keys):
             self._open.discard(rid)
-        elif full == len(keys):
-            self._open.discard(rid)
-        if not n:
-            return
-        if chain is None:
-            chain = self._held[rid] = []
-        seg = chain[-1] if chain else None
         if seg is None or seg.owner != rid or seg.end != k:
             seg = Segment(keys, k, rid)
+            if chain is None:
+                chain = self._held[rid] = []
             chain.append(seg)
         seg.end = seg.top = seg.holders[rid] = k + n
         seg.ref = rid
-        unit.update(zip(new[:n] if n < full - k else new, repeat(seg)))
+        if n == 1:
+            unit[new[0]] = seg
+        else:
+            unit.update(zip(new, repeat(seg)))
         self.registered += n
 
     # ------------------------------------------------------------------ allocation
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
-        if self._cached:
-            table = self._tables.get(req_id)
-            need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - (
-                len(table) if table is not None else 0
-            )
-            if need > len(self._free) - self._cached * self.unit_blocks:  # truly free
-                if need > len(self._free):
-                    return None
-                self._reclaim(need)
-        new = super().allocate(req_id, n_new_tokens)
-        if new is not None and self._copying and req_id in self._copying:
+        # The plain manager's allocate with room made first (inlined: the hot path).
+        if req_id in self._swapped:
+            raise KVInvariantError(f"request {req_id} is swapped out: swap it in first")
+        tokens = self._tokens.get(req_id, 0) + n_new_tokens
+        table = self._tables.get(req_id)
+        need = -(-tokens // self.block_size) - (len(table) if table is not None else 0)
+        free = self._free
+        if need > len(free):  # cached units count as free: not even evicting all helps
+            return None
+        if self._cached and need > len(free) - self._cached * self.unit_blocks:
+            self._reclaim(need)  # more than the truly free blocks
+        if table is None:
+            table = self._tables[req_id] = []
+        new: list[int] = []
+        if need > 0:
+            new = free[-need:]
+            del free[-need:]
+            table.extend(new)
+        self._tokens[req_id] = tokens
+        if self._copying and req_id in self._copying:
             self._transfer += self._copying.pop(req_id)
         return new
 
@@ -399,7 +427,12 @@ class PrefixCachingKVManager(PagedKVManager):
         if cached and len(self._free) - cached * self.unit_blocks < len(req_ids) * (
             n_new_tokens // self.block_size + 1
         ):
-            need = sum(self.blocks_needed(r, n_new_tokens) for r in req_ids)
+            bs, tables, tokens = self.block_size, self._tables, self._tokens
+            need = 0  # blocks_needed of each, summed (inlined: once a call when memory is full)
+            for r in req_ids:
+                more = -(-(tokens[r] + n_new_tokens) // bs) - len(tables[r])
+                if more > 0:
+                    need += more
             if need > len(self._free):
                 return False
             self._reclaim(need)
@@ -413,16 +446,19 @@ class PrefixCachingKVManager(PagedKVManager):
             return super().free(req_id)
         table = self._tables.pop(req_id)
         self._tokens.pop(req_id, None)
-        free, lst = self._free, self._lru
-        u = self.unit_blocks
-        if chain[-1].owner == req_id:  # it registers nothing more (a requeued request,
-            chain[-1].owner = None  # looking up again, registers into segments of its own)
-        cut = chain[-1].holders[req_id]  # its units from ``cut`` on are nobody else's
-        for seg in reversed(chain):  # the tail is evicted first
+        lst = self._lru
+        last = chain[-1]
+        if last.owner == req_id:  # it registers nothing more (a requeued request, looking
+            last.owner = None  # up again, registers into segments of its own)
+        cut = last.holders[req_id]  # its units from ``cut`` on are nobody else's
+        i = len(chain)
+        while i:  # the tail first: it is evicted first
+            i -= 1
+            seg = chain[i]
             end = seg.holders.pop(req_id)
             if seg.ref != req_id:  # a holder reaching as far keeps these units
                 break
-            top = new_top(seg)
+            top = new_top(seg) if seg.holders else seg.lo
             if top >= end:
                 break
             seg.top = top
@@ -433,17 +469,16 @@ class PrefixCachingKVManager(PagedKVManager):
             cut = top
             if top > seg.lo:  # the units below are held: so is everything before
                 break
-        else:
-            seg = chain[0]
         # The segments before the one the loop stopped at only lose this holder (another
         # one reaches as far: their units stay referenced).
-        for older in chain[: chain.index(seg)]:
+        for older in chain[:i]:
             del older.holders[req_id]
             if older.ref == req_id:
                 new_top(older)
         if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly dead entries
             self._compact_lru()
-        free.extend(table[cut * u :])  # the released units' blocks join it, anonymous
+        # The released units' blocks join the free list (anonymous) with the private ones.
+        self._free.extend(table[cut * self.unit_blocks :] if cut else table)
         return len(table)
 
     def shrink(self, req_id: int, n_tokens: int) -> None:
@@ -539,22 +574,22 @@ def refresh_queued(inst: Instance) -> None:
     kv = inst.kv
     if not isinstance(kv, PrefixCachingKVManager):
         return
-    kv.now = inst.env.now
-    arrived = bool(kv.arrived)
+    arrived = kv.arrived
     if arrived:
         me = inst.instance_id
-        for r in kv.arrived:  # still queued here, holding nothing (not aborted, not moved)
+        for r in arrived:  # still queued here, holding nothing (not aborted, not moved)
             if r.status in _QUEUED and r.instance_id == me and not r.num_computed_tokens:
                 reuse_prefix(inst, r)
-        kv.arrived.clear()
+        arrived.clear()
     # Only arrivals and ends trigger a retry: both stop a fast-forwarded run (a preemption
     # or a release inside a decision does not, and would retry at different decisions).
-    if not arrived and len(inst.done) == kv._ended_seen:
+    elif len(inst.done) == kv._ended_seen:
         return
     kv._ended_seen = len(inst.done)
     if kv.registered == kv._refreshed_at:
         return
     kv._refreshed_at = kv.registered
+    kv.now = inst.env.now  # the time the retries' hits are logged at
     for r in inst.waiting[:REFRESH_HEAD]:
         if r.hash_ids is not None and r.status in _QUEUED:
             gained = kv.lookup_prefix(r)

@@ -32,7 +32,10 @@ key index only, C-level bulk dictionary updates.
 
 from __future__ import annotations
 
-__all__ = ["LRUEntry", "Segment", "new_top", "trim_lru"]
+import bisect
+from collections.abc import Sequence
+
+__all__ = ["LRUEntry", "Segment", "agree_until", "new_top", "trim_lru"]
 
 
 class Segment:
@@ -97,3 +100,10 @@ def trim_lru(seg: Segment, upto: int) -> None:
             if entry.a < upto:
                 entry.a = upto
             return
+
+
+def agree_until(keys: Sequence[int], other: Sequence[int], p: int, lim: int) -> int:
+    """The end of the run of positions from ``p`` on, below ``lim``, where two prompts'
+    unit keys agree (they agree at ``p``, not at ``lim - 1``). Keys chain (a key names
+    its whole prefix), so they agree up to a point and never again: a binary search."""
+    return p + 1 + bisect.bisect_left(range(p + 1, lim), True, key=lambda q: keys[q] != other[q])
