@@ -9,13 +9,9 @@ default) rarely equals the trace's 512 tokens, and an identity is only known per
 block. Caching therefore works in *units* of ``u = max(1, 512 // block_size)`` engine
 blocks (``U = u · block_size`` tokens: exactly one trace block for 16, 32, 64, 128, 256 and
 512; one engine block of 1,024 tokens covering two trace blocks for ``block_size`` 1024).
-Unit ``i`` covers tokens ``[i·U, (i+1)·U)``; its key hashes the chained hash of every trace
-block up to the one holding its last token, with the unit's end (when ``U`` is one trace
-block, the chained hash alone: the chain's length is the end): equal keys mean an
-identical prefix. When ``block_size`` does not divide 512 the key is stricter than
-needed (it includes the whole last trace block) and some hits are missed, never a false
-one. Keys are Python's integer/tuple hashes (deterministic: no hash randomisation for
-ints), 64 bits wide.
+Unit ``i`` covers tokens ``[i·U, (i+1)·U)``; its key names its whole prefix
+(:mod:`~sloserve.engine.prefix_keys`). When ``block_size`` does not divide 512 the key is
+stricter than needed and some hits are missed, never a false one.
 
 **Lifecycle** (vLLM's, at unit grain — the choice that keeps the bookkeeping O(units of
 the prompt), about 24 per Mooncake request instead of 750 blocks):
@@ -46,10 +42,13 @@ the prompt), about 24 per Mooncake request instead of 750 blocks):
   without caching. ``num_request_blocks`` (what preempting a request frees) counts only
   the blocks it alone holds.
 - Bookkeeping (what caching costs in run time: on the full Mooncake conversation trace
-  ~280k units registered and ~245k evicted): one int per cached unit (its holders and
-  where its blocks are, or its place in the LRU list); an unreferenced unit's blocks lie
-  anonymous on the free list, so evicting it moves no block id; the LRU list is
-  append-only, a unit hit again leaving a stale entry that eviction skips.
+  ~280k units registered and ~245k evicted, in ~25k registrations, ~23k evictions and
+  12k releases): one entry per *chain segment* — the run of units one request registered
+  (or brought back from the CPU tier) — not per unit (engine/prefix_segments.py: holders,
+  the referenced range, where the blocks are and the LRU entries are kept per segment;
+  only the key index is per unit, changed in C-level bulk). An unreferenced unit's blocks
+  lie anonymous on the free list, so evicting it moves no block id; the LRU list holds
+  one entry per release, a hit trimming the entries it takes units from.
 
 A waiting request holding cached blocks could keep a replica from running anything (its
 blocks are what the running ones need): when a policy schedules no batch, the queued
@@ -59,7 +58,6 @@ the policy again.
 
 from __future__ import annotations
 
-import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import repeat
@@ -68,40 +66,19 @@ from typing import TYPE_CHECKING
 from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
+from sloserve.engine.prefix_host import take_from_host
+from sloserve.engine.prefix_keys import unit_keys
 from sloserve.engine.prefix_segments import LRUEntry, Segment, agree_until, new_top, trim_lru
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
 
+__all__ = ["SOURCE_BLOCK_TOKENS", "PrefixCachingKVManager", "unit_keys"]
+
 SOURCE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake's traces (the prompt identity's grain)."""
 
 _COMPACT = 4096  # LRU list entries consumed before the list drops them
-
-
-@functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
-def unit_keys(
-    hash_ids: tuple[int, ...], prompt_tokens: int, unit_tokens: int, source_tokens: int
-) -> tuple[int, ...]:
-    """Keys of the full cache units of a prompt (module docstring): unit ``i`` is keyed by
-    the chained hash of the trace blocks up to the one holding its last token, and its
-    end — or, when a unit is one trace block, by that chained hash alone (the chain's
-    length is the end). Only units inside the prompt and covered by ``hash_ids`` have a
-    key."""
-    covered = min(prompt_tokens, len(hash_ids) * source_tokens)
-    n = covered // unit_tokens
-    if n == 0:
-        return ()
-    prefix: list[int] = []  # the chained hash of each trace block
-    append = prefix.append
-    h = 0
-    for block in hash_ids[: ((n * unit_tokens) - 1) // source_tokens + 1]:
-        h = hash((h, block))
-        append(h)
-    if unit_tokens == source_tokens:  # unit i is trace block i: its chain ends there
-        return tuple(prefix)
-    ends = range(unit_tokens, n * unit_tokens + 1, unit_tokens)
-    return tuple(hash((prefix[(end - 1) // source_tokens], end)) for end in ends)
 
 
 class PrefixCachingKVManager(PagedKVManager):
@@ -184,11 +161,9 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def reference_counts(self) -> dict[int, int]:
         """Holders of every cached unit, by key (0: cached, unreferenced)."""
-        counts = {}
-        for seg in {id(s): s for s in self._unit.values()}.values():
-            for p in range(seg.lo, seg.end):
-                counts[seg.keys[p]] = sum(1 for end in seg.holders.values() if end > p)
-        return counts
+        from sloserve.engine.prefix_checks import reference_counts
+
+        return reference_counts(self)
 
     def _reclaim(self, need: int) -> None:
         """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
@@ -252,10 +227,16 @@ class PrefixCachingKVManager(PagedKVManager):
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
         unit, free, tables = self._unit, self._free, self._tables
+        p = start
+        if (p >= most or keys[p] not in unit) and not self._host:  # a miss: only accounting
+            if not start:
+                self.lookup_tokens += req.num_prompt_tokens
+                self.hit_log.append((self.now, req.num_prompt_tokens, 0))
+            self._open.add(rid)
+            return 0
         table = tables.get(rid, [])
         chain = [] if chain is None else chain
         u = self.unit_blocks
-        p = start
         while p < most:
             seg = unit.get(keys[p])
             if seg is None:
@@ -282,26 +263,8 @@ class PrefixCachingKVManager(PagedKVManager):
             seg.holders[rid] = lim
             p = lim
         gpu = p
-        if self._host and gpu < most:
-            host = self._host
-            own: Segment | None = None
-            for key in keys[gpu:most]:
-                # Room for the copy without evicting what this request holds or needs.
-                if key not in host or len(free) < u:
-                    break
-                del host[key]  # out while making room, so that room is not made with it
-                self._reclaim(u)
-                host[key] = None  # the host copy stays (newest), as LMCache keeps it
-                if len(host) > self.cpu_cache_units:
-                    host.popitem(last=False)
-                if own is None:  # a segment of its own: it brought these units back
-                    own = Segment(keys, p, rid)
-                    chain.append(own)
-                unit[key] = own
-                p += 1
-                own.end = own.top = own.holders[rid] = p
-                table.extend(free[-u:])
-                del free[-u:]
+        if self._host and gpu < most:  # then in the CPU tier: copied back
+            p = take_from_host(self, rid, keys, p, most, chain, table)
         cpu = p - gpu
         gained = (p - start) * self.unit_tokens
         looked = 0 if start else req.num_prompt_tokens  # a refresh looks up nothing new
@@ -344,8 +307,9 @@ class PrefixCachingKVManager(PagedKVManager):
         its requests have now computed. Called only while :attr:`registering`."""
         open_ = self._open
         for r, _n in batch:
-            if r.req_id in open_:
-                self._register(r.req_id, r.num_computed_tokens)
+            rid = r.req_id
+            if rid in open_:
+                self._register(rid, r.num_computed_tokens)
 
     @property
     def registering(self) -> bool:
@@ -433,9 +397,10 @@ class PrefixCachingKVManager(PagedKVManager):
                 more = -(-(tokens[r] + n_new_tokens) // bs) - len(tables[r])
                 if more > 0:
                     need += more
-            if need > len(self._free):
-                return False
-            self._reclaim(need)
+            if need > len(self._free) - cached * self.unit_blocks:  # more than truly free
+                if need > len(self._free):
+                    return False
+                self._reclaim(need)
         return super().grow_many(req_ids, n_new_tokens)
 
     def free(self, req_id: int) -> int:

@@ -73,6 +73,16 @@ def check_prefix_cache(kv: PrefixCachingKVManager) -> dict[int, str]:
     return owner
 
 
+def reference_counts(kv: PrefixCachingKVManager) -> dict[int, int]:
+    """Holders of every cached unit, by key (0: cached, unreferenced): a unit's holders
+    are those whose end in its segment lies beyond it."""
+    counts = {}
+    for seg in {id(s): s for s in kv._unit.values()}.values():
+        for p in range(seg.lo, seg.end):
+            counts[seg.keys[p]] = sum(1 for end in seg.holders.values() if end > p)
+    return counts
+
+
 def _check_segments(kv: PrefixCachingKVManager, segs: dict[int, Segment]) -> None:
     """Each segment's index entries, holders, referenced range and LRU entries; the
     unreferenced count; the global LRU list's live entries and their order."""
