@@ -283,20 +283,16 @@ class PrefixCachingKVManager(PagedKVManager):
         return gained
 
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
+        # A unit at a time: a router asks every replica, and most miss at once (a walk by
+        # segments, as lookup_prefix's, measured slower here: 0.81 against 0.56 µs a call).
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
         unit, host = self._unit, self._host
-        n = len(keys)
-        p = 0
-        while p < n:  # on the GPU: a segment at a time (as lookup_prefix walks)
-            seg = unit.get(keys[p])
-            if seg is None:
+        n = 0
+        for key in keys:
+            if key not in unit and key not in host:
                 break
-            lim = n if n < seg.end else seg.end
-            p = lim if seg.keys[lim - 1] == keys[lim - 1] else agree_until(keys, seg.keys, p, lim)
-        if host:  # then in the CPU tier
-            while p < n and (keys[p] in host or keys[p] in unit):
-                p += 1
-        return p * self.unit_tokens
+            n += 1
+        return n * self.unit_tokens
 
     def take_transfer_tokens(self) -> int:
         moved, self._transfer = self._transfer, 0
