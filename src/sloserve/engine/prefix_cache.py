@@ -73,8 +73,6 @@ from sloserve.engine.prefix_segments import LRUEntry, Segment, agree_until, new_
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
 
-__all__ = ["SOURCE_BLOCK_TOKENS", "PrefixCachingKVManager", "unit_keys"]
-
 SOURCE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in Mooncake's traces (the prompt identity's grain)."""
 
