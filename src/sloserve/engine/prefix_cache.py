@@ -167,14 +167,23 @@ class PrefixCachingKVManager(PagedKVManager):
         """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
         evict). Their blocks are on the free list already: only the keys go."""
         # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
-        n = min(self._cached, -(-(need - self._spare) // self.unit_blocks))
+        u, cached = self.unit_blocks, self._cached
+        n = -(-(need - len(self._free) + cached * u) // u)
+        if n > cached:
+            n = cached
         if n <= 0:
             return
         self.evicted_units += n
-        self._cached -= n
-        host = self._host if self.cpu_cache_units else None
+        self._cached = cached - n
         drop = self._unit.__delitem__
         lst, i = self._lru, self._lru_head
+        entry = lst[i]
+        if entry.b - entry.a > n and not self.cpu_cache_units:  # the usual: inside one entry
+            b = entry.b
+            any(map(drop, entry.seg.keys[b - n : b]))
+            entry.seg.end = entry.b = b - n
+            return
+        host = self._host if self.cpu_cache_units else None
         while n:
             entry = lst[i]
             a, b = entry.a, entry.b
