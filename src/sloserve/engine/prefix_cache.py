@@ -241,8 +241,11 @@ class PrefixCachingKVManager(PagedKVManager):
                 self.hit_log.append((self.now, req.num_prompt_tokens, 0))
             self._open.add(rid)
             return 0
-        table = tables.get(rid, [])
-        chain = [] if chain is None else chain
+        table = tables.get(rid)
+        if table is None:
+            table = []
+        if chain is None:
+            chain = []
         u = self.unit_blocks
         while p < most:
             seg = unit.get(keys[p])
@@ -335,11 +338,11 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         unit = self._unit
         n = full - k
-        if n == 1:  # the usual: one prefill chunk of 512 tokens computed one unit
+        new = keys  # the usual: one prefill chunk of 512 tokens computed one unit, keys[k]
+        if n == 1:
             if keys[k] in unit:  # computed by another request too: ours stays private
                 self._open.discard(rid)
                 return
-            new: Sequence[int] = (keys[k],)
         else:
             new = keys[k:full]
             if not unit.keys().isdisjoint(new):  # from the first computed by another
@@ -358,7 +361,7 @@ class PrefixCachingKVManager(PagedKVManager):
         seg.end = seg.top = seg.holders[rid] = k + n
         seg.ref = rid
         if n == 1:
-            unit[new[0]] = seg
+            unit[keys[k]] = seg
         else:
             unit.update(zip(new, repeat(seg)))
         self.registered += n
