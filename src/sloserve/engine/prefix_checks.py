@@ -1,9 +1,10 @@
 """The prefix-caching KV manager's invariant check (kept apart from its hot paths).
 
-:func:`check_prefix_cache` rebuilds, from the requests' tables and the units they hold,
-what :class:`~sloserve.engine.prefix_cache.PrefixCachingKVManager` keeps incrementally —
-each unit's holders, where its blocks are, the LRU order of the unreferenced ones — and
-raises :class:`~sloserve.engine.kv.KVInvariantError` on the first difference.
+:func:`check_prefix_cache` rebuilds, from the requests' tables and the segments they hold,
+what :class:`~sloserve.engine.prefix_cache.PrefixCachingKVManager` keeps incrementally per
+chain segment (engine/prefix_segments.py) — the key index, each segment's holders and
+referenced range, where blocks are, the LRU entries and their order — and raises
+:class:`~sloserve.engine.kv.KVInvariantError` on the first difference.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from sloserve.engine.kv import KVInvariantError
 
 if TYPE_CHECKING:
     from sloserve.engine.prefix_cache import PrefixCachingKVManager
-
-_MASK = (1 << 20) - 1  # prefix_cache._MASK: holders, in a referenced unit's state
+    from sloserve.engine.prefix_segments import Segment
 
 
 def check_prefix_cache(kv: PrefixCachingKVManager) -> dict[int, str]:
     """Check the cache's bookkeeping; the owner of every GPU block found (free, in a
     cached unit, private to a request), for the paged manager's accounting check."""
     u = kv.unit_blocks
-    state = kv._state
     owner: dict[int, str] = {}
 
     def own(b: int, who: str) -> None:
@@ -35,48 +34,86 @@ def check_prefix_cache(kv: PrefixCachingKVManager) -> dict[int, str]:
         own(b, "free")
     if kv._spare < 0:
         raise KVInvariantError(f"{kv._cached} unreferenced cached units, {len(kv._free)} free")
-    refs = dict.fromkeys(state, 0)
+    segs: dict[int, Segment] = {id(s): s for s in kv._unit.values()}
+    for rid, chain in kv._held.items():
+        if rid not in kv._tables:
+            raise KVInvariantError(f"request {rid} holds cached units but no blocks")
+        for seg in chain:
+            if id(seg) not in segs:
+                raise KVInvariantError(f"request {rid} holds a segment that is not cached")
+    _check_segments(kv, segs)
+    shared: set[int] = set()  # keys of held units whose blocks are owned already
     for rid, table in kv._tables.items():
-        held = kv._held.get(rid, [])
         if len(table) != kv._blocks_for(kv._tokens[rid]):
             tokens = kv._tokens[rid]
             raise KVInvariantError(f"request {rid}: {len(table)} blocks for {tokens} tokens")
-        for i, key in enumerate(held):
-            v = state.get(key, 0)
-            if v <= 0:
-                raise KVInvariantError(f"request {rid}: unit {i} ({key}) is not a held unit")
-            blocks = tuple(table[i * u : (i + 1) * u])
-            there = kv._orphans.get(key)
-            if there is None:
-                at, j = v >> 40, (v >> 20) & _MASK
-                if at not in kv._tables:
-                    raise KVInvariantError(f"cached unit {key}: its blocks are nowhere")
-                there = tuple(kv._tables[at][j * u : (j + 1) * u])
-            if len(blocks) != u or there != blocks:
-                raise KVInvariantError(f"request {rid}: unit {i} is not cached unit {key}")
-            if not refs[key]:  # a shared unit's blocks are owned once
-                for b in blocks:
-                    own(b, f"in cached unit {key}")
-            refs[key] += 1
-        for b in table[len(held) * u :]:
+        at = 0
+        keys = kv._keys.get(rid)
+        for seg in kv._held.get(rid, []):
+            end = seg.holders.get(rid)
+            if end is None or seg.lo != at or end <= at:
+                raise KVInvariantError(f"request {rid}: its segments do not chain at unit {at}")
+            if keys is not None and keys[at:end] != seg.keys[at:end]:
+                raise KVInvariantError(f"request {rid}: units {at}..{end} are another prompt's")
+            ref = kv._tables.get(seg.ref, [])
+            for p in range(at, end):
+                blocks = table[p * u : (p + 1) * u]
+                if len(blocks) != u or ref[p * u : (p + 1) * u] != blocks:
+                    raise KVInvariantError(f"request {rid}: unit {p} is not its cached unit")
+                key = seg.keys[p]
+                if key not in shared:  # a shared unit's blocks are owned once
+                    shared.add(key)
+                    for b in blocks:
+                        own(b, f"in cached unit {key}")
+            at = end
+        for b in table[at * u :]:
             own(b, f"private to request {rid}")
-    if set(kv._held) - set(kv._tables):
-        raise KVInvariantError("a request holds cached units but no blocks")
-    lst, base = kv._lru_keys, kv._lru_base
-    for key, n in refs.items():
-        v = state[key]
-        if n and (v & _MASK if v > 0 else 0) != n:
-            raise KVInvariantError(f"cached unit {key}: state {v}, held {n}")
-        if not n:
-            if v >= 0:
-                raise KVInvariantError(f"cached unit {key}: state {v}, held by nobody")
-            at = ~v - base
-            if not kv._lru_head <= at < len(lst) or lst[at] != key:
-                raise KVInvariantError(f"cached unit {key}: not in the LRU list at {~v}")
-    if kv._cached != sum(1 for n in refs.values() if n == 0):
-        raise KVInvariantError(f"{kv._cached} unreferenced cached units counted")
-    if any(state[key] < 0 for key in kv._orphans):
-        raise KVInvariantError("an unreferenced cached unit keeps blocks of its own")
     if len(kv._host) > kv.cpu_cache_units:
         raise KVInvariantError(f"CPU cache holds {len(kv._host)} units, over capacity")
     return owner
+
+
+def reference_counts(kv: PrefixCachingKVManager) -> dict[int, int]:
+    """Holders of every cached unit, by key (0: cached, unreferenced): a unit's holders
+    are those whose end in its segment lies beyond it."""
+    counts = {}
+    for seg in {id(s): s for s in kv._unit.values()}.values():
+        for p in range(seg.lo, seg.end):
+            counts[seg.keys[p]] = sum(1 for end in seg.holders.values() if end > p)
+    return counts
+
+
+def _check_segments(kv: PrefixCachingKVManager, segs: dict[int, Segment]) -> None:
+    """Each segment's index entries, holders, referenced range and LRU entries; the
+    unreferenced count; the global LRU list's live entries and their order."""
+    place = {id(e): i for i, e in enumerate(kv._lru[kv._lru_head :]) if e.a < e.b}
+    indexed = cached = 0
+    entries = 0
+    for seg in segs.values():
+        if not seg.lo <= seg.top <= seg.end <= len(seg.keys):
+            raise KVInvariantError(f"segment at {seg.lo}: top {seg.top}, end {seg.end}")
+        for p in range(seg.lo, seg.end):
+            if kv._unit.get(seg.keys[p]) is not seg:
+                raise KVInvariantError(f"segment at {seg.lo}: unit {p} is not indexed")
+        indexed += seg.end - seg.lo
+        top = max(seg.holders.values(), default=seg.lo)
+        if seg.top != top or (seg.holders and seg.holders.get(seg.ref) != top):
+            raise KVInvariantError(f"segment at {seg.lo}: top {seg.top}, holders {seg.holders}")
+        for rid, end in seg.holders.items():
+            if not seg.lo < end <= seg.end or all(s is not seg for s in kv._held.get(rid, [])):
+                raise KVInvariantError(f"segment at {seg.lo}: holder {rid} holds nothing here")
+        at, last = seg.end, -1
+        for e in seg.lru:  # oldest first: they cover [top, end) from the top down
+            if e.seg is not seg or e.b != at or e.a >= e.b or place.get(id(e), -1) <= last:
+                raise KVInvariantError(f"segment at {seg.lo}: LRU entries out of order")
+            at, last = e.a, place[id(e)]
+        if at != seg.top:
+            raise KVInvariantError(f"segment at {seg.lo}: LRU entries end at {at}, top {seg.top}")
+        cached += seg.end - seg.top
+        entries += len(seg.lru)
+    if indexed != len(kv._unit):
+        raise KVInvariantError(f"{len(kv._unit)} units indexed, {indexed} in segments")
+    if kv._cached != cached:
+        raise KVInvariantError(f"{kv._cached} unreferenced cached units counted, {cached} found")
+    if entries != len(place):
+        raise KVInvariantError(f"{len(place)} live LRU entries, {entries} in segments")
