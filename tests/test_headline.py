@@ -164,3 +164,26 @@ def test_cli_bad_paper_is_a_one_line_error(
 ) -> None:
     proc = run_main(monkeypatch, capsys, "reproduce", "all", "--only", "andes,nope")
     assert_user_error(proc, "--only", "nope")
+
+
+def test_qlm_claims_read_the_values_its_reproduction_writes(tmp_path: Path) -> None:
+    """QLM's headline.json nests its numbers under ``values`` (experiments/qlm/headline.py);
+    every QLM claim must find its number there (they read the top level once, and
+    ``reproduce all`` showed no QLM number)."""
+    from sloserve.experiments.headline import read_claim
+    from sloserve.experiments.qlm.claims import CLAIMS
+
+    values = {
+        "attainment_gain_vs_naive_swap_W_A": 14.9,
+        "attainment_gain_vs_naive_swap_W_B": 0.01,
+        "throughput_gain_vs_naive_swap_W_A": 22.0,
+        "warm_start_throughput_gain_W_A": 0.06,
+        "eviction_attainment_gain_W_B": -0.009,
+    }
+    doc = {"paper": "qlm", "source": "", "plan": None, "claims": [], "values": values}
+    (tmp_path / "headline.json").write_text(json.dumps(doc))
+    got = {c.key: read_claim(tmp_path, c) for c in CLAIMS}
+    assert got["attainment_gain_vs_baselines"] == (14.9, "")
+    assert got["throughput_gain_vs_baselines"] == (22.0, "")
+    assert got["warm_start_throughput_gain_W_A"] == (0.06, "")
+    assert got["eviction_attainment_gain_W_B"] == (-0.009, "")
