@@ -67,6 +67,10 @@ def test_plain_files_read_as_pandas_reads_them(
         "a,b\n1\n",  # a row shorter than the header
         "a,b\n1,2,3\n4\n",  # one longer, one shorter: the right number of commas in all
         "\ufeffa,b\n1,2\n",  # BOM
+        "a,b\u00a0\n1,2\n",  # NBSP after a header name (pandas strips it)
+        "a\x0b,b\n1,2\n",  # vertical tab in a header name
+        "a,\x0cb\n1,2\n",  # form feed in a header name
+        "a,b\n1\u00a0,2\n",  # NBSP in a cell
     ],
 )
 def test_other_files_go_through_pandas(tmp_path: Path, text: str) -> None:
@@ -126,3 +130,12 @@ def test_a_trace_reads_the_same_with_and_without_pandas(tmp_path: Path) -> None:
     assert fast.req_class == slow.req_class and fast.model == slow.model
     assert fast.slo.keys() == slow.slo.keys()
     np.testing.assert_array_equal(fast.slo["ttft_slo_s"], slow.slo["ttft_slo_s"])
+
+
+@pytest.mark.parametrize("odd", ["\u00a0", "\x0b", "\x0c", "\u2028", "\x1c"])
+def test_header_names_with_other_whitespace_are_stripped(tmp_path: Path, odd: str) -> None:
+    """pandas' reading strips header names of any whitespace: the trace still reads."""
+    path = tmp_path / "h.csv"
+    path.write_text(f"arrival_s,prompt_tokens,output_tokens{odd}\n0,10,5\n", encoding="utf-8")
+    t = read_trace(path)
+    assert t.output.tolist() == [5] and t.prompt.tolist() == [10]

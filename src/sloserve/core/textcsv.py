@@ -3,9 +3,9 @@
 :func:`read_text_columns` gives what :func:`~sloserve.core.csvio.read_strict_csv` gives
 (every cell as text, ``None`` for an empty one, blank lines dropped but counted, each
 row's line in the file) as ``name -> list`` instead of a DataFrame. A *plain* file (UTF-8
-without BOM, no quotes, spaces, tabs or carriage returns, unique non-empty header names,
-every line blank or exactly as many fields as the header) is split by hand, which saves
-importing pandas (~0.2 s) and its parser; anything else goes through
+without BOM; no quotes, NUL, or whitespace other than the line breaks "\\n"; unique
+non-empty header names; every line blank or exactly as many fields as the header) is split
+by hand, which saves importing pandas (~0.2 s) and its parser; anything else goes through
 ``read_strict_csv``, so that every shape problem keeps its one message. On a plain file
 both give the same cells: pandas' reader keeps text verbatim under ``dtype=str``.
 
@@ -29,10 +29,13 @@ from sloserve.core.errors import SloserveError
 TextColumns = dict[str, list[str | None]]
 """Column name -> one cell per non-blank row (``None``: an empty cell)."""
 
-_UNPLAIN = re.compile(r'["\r\t \ufeff\x00]')
+# Anything pandas' reader treats specially, or strips from a header name (read_strict_csv
+# strips names, skips initial spaces): quotes, NUL, a BOM, any whitespace but "\n" (space,
+# tab, "\r", NBSP, "\x0b", "\x0c", ...).
+_UNPLAIN = re.compile(r'["\ufeff\x00]|[^\S\n]')
+_BLANK_LINE = re.compile(r"^,*$", re.MULTILINE)  # empty, or only empty cells
 # Plain decimals only (no inf/nan words, no "+", no "_", integers of at most 15 digits):
 # the cells where float() and pandas' conversion are checked to agree.
-_BLANK_LINE = re.compile(r"^,*$", re.MULTILINE)  # empty, or only empty cells
 _NUMBER = r"-?(?:\d+\.\d*|\.\d+|\d{1,15})(?:[eE][+-]?\d{1,3})?"
 _PLAIN_NUMBER = re.compile(_NUMBER)
 _PLAIN_COLUMN = re.compile(rf"(?:{_NUMBER})?(?:\n(?:{_NUMBER})?)*")
@@ -53,8 +56,8 @@ def _plain_csv(path: Path) -> tuple[TextColumns, NDArray[np.int64]] | None:
         return None
     header = lines[0].split(",")
     width = len(header)
-    if "" in header or len(set(header)) != width:
-        return None  # pandas names (Unnamed: k) or renames (a.1) those
+    if "" in header or len(set(header)) != width or any(h != h.strip() for h in header):
+        return None  # pandas names (Unnamed: k) or renames (a.1) those; strips names
     body = lines[1:]
     # The common case, every line a row of ``width`` cells: one split for the whole file.
     # (The final newline is left out of the search: "^" matches after it.)
