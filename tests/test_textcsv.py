@@ -62,7 +62,6 @@ def test_plain_files_read_as_pandas_reads_them(
         'a,b\n"1",2\n',  # quotes
         "a,b\n 1,2\n",  # a space
         "a,b\r\n1,2\r\n",  # CRLF
-        "a,a\n1,2\n",  # duplicate names
         "a,b\n1,2,3\n",  # a row longer than the header
         "a,b\n1\n",  # a row shorter than the header
         "a,b\n1,2,3\n4\n",  # one longer, one shorter: the right number of commas in all
@@ -139,3 +138,20 @@ def test_header_names_with_other_whitespace_are_stripped(tmp_path: Path, odd: st
     path.write_text(f"arrival_s,prompt_tokens,output_tokens{odd}\n0,10,5\n", encoding="utf-8")
     t = read_trace(path)
     assert t.output.tolist() == [5] and t.prompt.tolist() == [10]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "arrival_s,prompt_tokens,prompt_tokens,output_tokens",
+        "arrival_s,prompt_tokens, prompt_tokens,output_tokens",
+        'arrival_s,prompt_tokens,"prompt_tokens",output_tokens',
+    ],
+)
+def test_a_repeated_column_name_is_an_error(tmp_path: Path, header: str) -> None:
+    """pandas renames the second one (prompt_tokens.1), which was then ignored."""
+    path = tmp_path / "d.csv"
+    path.write_text(f"{header}\n0,10,11,5\n")
+    assert _plain_csv(path) is None
+    with pytest.raises(WorkloadError, match=r"d\.csv: column prompt_tokens appears more than"):
+        read_trace(path)

@@ -16,6 +16,7 @@ same doubles), anything else by pandas itself.
 
 from __future__ import annotations
 
+import csv
 import re
 from collections.abc import Sequence
 from itertools import repeat
@@ -89,6 +90,20 @@ def _plain_csv(path: Path) -> tuple[TextColumns, NDArray[np.int64]] | None:
     return cols, np.asarray(line_no, dtype=np.int64)
 
 
+def _repeated_name(path: Path) -> str | None:
+    """The first header name that occurs twice (names stripped, as pandas' reading strips
+    them; empty names left to pandas, which calls them ``Unnamed: k``), or None."""
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        header = next(csv.reader(f, skipinitialspace=True), [])
+    seen: set[str] = set()
+    for name in (h.strip() for h in header):
+        if name in seen:
+            return name
+        if name:
+            seen.add(name)
+    return None
+
+
 def read_text_columns(
     path: str | Path, what: str, error: type[SloserveError]
 ) -> tuple[TextColumns, NDArray[np.int64]]:
@@ -103,6 +118,9 @@ def read_text_columns(
     from sloserve.core.csvio import read_strict_csv
 
     df, lines = read_strict_csv(p, what, error)
+    twice = _repeated_name(p)
+    if twice is not None:  # pandas would rename the second one "<name>.1"
+        raise error(f"{p}: column {twice} appears more than once in the header")
     cols: TextColumns = {}
     for c in df.columns:
         cols[c] = [v if isinstance(v, str) else None for v in df[c].tolist()]
