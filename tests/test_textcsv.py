@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sloserve.core import textcsv
 from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import WorkloadError
-from sloserve.core.textcsv import _plain_csv, read_text_columns, to_floats
+from sloserve.core.textcsv import _plain_csv, read_text_columns, texts, to_floats
 from sloserve.workloads.trace import read_trace
 
 _cell = st.one_of(
@@ -84,7 +85,7 @@ def test_other_files_go_through_pandas(tmp_path: Path, text: str) -> None:
         assert "more fields" in str(e)
         return
     cols, lines = read_text_columns(path, "trace file", WorkloadError)
-    assert cols == want[0]
+    assert {c: texts(v) for c, v in cols.items()} == want[0]
     np.testing.assert_array_equal(lines, want[1])
 
 
@@ -155,3 +156,34 @@ def test_a_repeated_column_name_is_an_error(tmp_path: Path, header: str) -> None
     assert _plain_csv(path) is None
     with pytest.raises(WorkloadError, match=r"d\.csv: column prompt_tokens appears more than"):
         read_trace(path)
+
+
+def test_a_file_over_the_size_limit_reads_through_pandas_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above TEXT_PATH_MAX_BYTES pandas' columns come back (no str object per cell), and
+    the trace, its errors included, is the same."""
+    rows = ["arrival_s,prompt_tokens,output_tokens,class,priority,model,ttft_slo_s"]
+    rows += [
+        f"{0.5 * i},{10 + i},{1 + i % 7},{('rt', 'be', '')[i % 3]},{i % 2},m," for i in range(50)
+    ]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n\n")
+    small = read_trace(path)
+    cols, _ = read_text_columns(path, "trace file", WorkloadError)
+    assert isinstance(cols["arrival_s"], list)
+    monkeypatch.setattr(textcsv, "TEXT_PATH_MAX_BYTES", path.stat().st_size - 1)
+    cols, _ = read_text_columns(path, "trace file", WorkloadError)
+    assert isinstance(cols["arrival_s"], pd.Series)
+    big = read_trace(path)
+    for name in ("arrival", "prompt", "output", "priority"):
+        np.testing.assert_array_equal(getattr(big, name), getattr(small, name))
+    assert big.req_class == small.req_class and big.model == small.model
+    np.testing.assert_array_equal(big.slo["ttft_slo_s"], small.slo["ttft_slo_s"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text(path.read_text().replace("\n3.0,16,", "\n3.0,many,"))
+    monkeypatch.setattr(textcsv, "TEXT_PATH_MAX_BYTES", 0)
+    with pytest.raises(
+        WorkloadError, match=r"line 8, column prompt_tokens: not a number \('many'\)"
+    ):
+        read_trace(bad)
