@@ -187,3 +187,10 @@ def test_a_file_over_the_size_limit_reads_through_pandas_the_same(
         WorkloadError, match=r"line 8, column prompt_tokens: not a number \('many'\)"
     ):
         read_trace(bad)
+
+
+def test_every_whitespace_but_newline_makes_a_file_unplain() -> None:
+    spaces = {chr(c) for c in range(0x110000) if chr(c).isspace()} - {"\n"}
+    matched = {chr(c) for c in range(0x110000) if textcsv._UNPLAIN.match(chr(c))}
+    assert spaces <= matched and "\n" not in matched
+    assert matched - spaces == {'"', "\ufeff", "\x00"}
