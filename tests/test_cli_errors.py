@@ -36,6 +36,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "list": write(d / "list.yaml", "- vllm\n- sarathi\n"),
         "policies_str": write(d / "policies_str.yaml", "policies: vllm\n"),
         "trace_missing": write(d / "missing_col.csv", "arrival_s,prompt_tokens\n0,10\n"),
+        "trace_twice": write(
+            d / "twice.csv", "arrival_s,prompt_tokens,prompt_tokens,output_tokens\n0,10,11,5\n"
+        ),
         "trace_bad": write(
             d / "bad_value.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,many\n"
         ),
@@ -97,6 +100,11 @@ ERROR_CASES: list[tuple[str, list[str], list[str]]] = [
         "trace-missing-column",
         ["simulate", "--trace", "{trace_missing}"],
         ["missing_col.csv", "output_tokens"],
+    ),
+    (
+        "trace-repeated-column",
+        ["simulate", "--trace", "{trace_twice}"],
+        ["twice.csv", "column prompt_tokens", "more than once"],
     ),
     (
         "trace-bad-value",

@@ -171,3 +171,27 @@ def test_unknown_arrival_kind_suggests(
 ) -> None:
     proc = run_main(monkeypatch, capsys, "simulate", "--arrival", "gama")
     assert_user_error(proc, "unknown kind 'gama' (did you mean 'gamma'?); valid: poisson")
+
+
+# Checked with typer 0.29.2 (click 8.5.1): _narrowed copies the app (copy.copy) and keeps
+# one of its ``registered_commands`` (and no ``registered_groups``), typer internals.
+@pytest.mark.parametrize(
+    "args",
+    [["simulate", "--help"], ["compare", "--help"], ["simulate", "--rate", "x", "--help"]],
+)
+def test_narrowed_app_help_is_the_whole_apps(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    """A run builds only the command it names (``_narrowed``, typer internals): its help
+    must be the whole app's, to the character; this fails loudly if typer changes them."""
+    from sloserve.cli import _app
+
+    n = len(_app.app.registered_commands)
+    only = _app._narrowed(args)
+    assert only is not _app.app and len(only.registered_commands) == 1
+    assert only.registered_groups == [] and len(_app.app.registered_commands) == n
+    narrowed = run_main(monkeypatch, capsys, *args)
+    monkeypatch.setattr(_app, "_narrowed", lambda a: _app.app)
+    whole = run_main(monkeypatch, capsys, *args)
+    assert narrowed.returncode == whole.returncode == 0
+    assert narrowed.stdout == whole.stdout and "--trace" in whole.stdout

@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from helpers import make_instance, req, run
@@ -50,3 +51,18 @@ def test_rejected_and_aborted_requests_count_as_misses() -> None:
     s = summarize(t.reset_index(), simulated_seconds=1.0, wall_seconds=0.0, policy="vllm")
     assert (s["rejected"], s["aborted"], s["finished"]) == (1, 1, 0)
     assert s["slo_attainment"] == 0.0 and s["ttft_mean"] is None
+
+
+def test_attainment_by_class_skips_a_missing_class_as_pandas_groupby() -> None:
+    from sloserve.metrics.run_summary import rates_by
+
+    keys = ["rt", None, "be", float("nan"), "rt", None]
+    ok = np.array([1.0, 0.0, np.nan, 1.0, 0.0, 1.0])
+    t = pd.DataFrame({"class": keys, "slo_ok": ok})
+    old = {
+        str(c): (float(g["slo_ok"].dropna().mean()) if g["slo_ok"].notna().any() else None)
+        for c, g in t.groupby("class", sort=True)
+    }
+    assert old == {"be": None, "rt": 0.5}
+    assert rates_by(keys, ok) == old
+    assert rates_by(t["class"].to_numpy(), ok) == old  # summarize() passes an object array

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sloserve.core import textcsv
 from sloserve.core.csvio import read_strict_csv
 from sloserve.core.errors import WorkloadError
-from sloserve.core.textcsv import _plain_csv, read_text_columns, to_floats
+from sloserve.core.textcsv import _plain_csv, read_text_columns, texts, to_floats
 from sloserve.workloads.trace import read_trace
 
 _cell = st.one_of(
@@ -62,11 +63,14 @@ def test_plain_files_read_as_pandas_reads_them(
         'a,b\n"1",2\n',  # quotes
         "a,b\n 1,2\n",  # a space
         "a,b\r\n1,2\r\n",  # CRLF
-        "a,a\n1,2\n",  # duplicate names
         "a,b\n1,2,3\n",  # a row longer than the header
         "a,b\n1\n",  # a row shorter than the header
         "a,b\n1,2,3\n4\n",  # one longer, one shorter: the right number of commas in all
         "\ufeffa,b\n1,2\n",  # BOM
+        "a,b\u00a0\n1,2\n",  # NBSP after a header name (pandas strips it)
+        "a\x0b,b\n1,2\n",  # vertical tab in a header name
+        "a,\x0cb\n1,2\n",  # form feed in a header name
+        "a,b\n1\u00a0,2\n",  # NBSP in a cell
     ],
 )
 def test_other_files_go_through_pandas(tmp_path: Path, text: str) -> None:
@@ -81,7 +85,7 @@ def test_other_files_go_through_pandas(tmp_path: Path, text: str) -> None:
         assert "more fields" in str(e)
         return
     cols, lines = read_text_columns(path, "trace file", WorkloadError)
-    assert cols == want[0]
+    assert {c: texts(v) for c, v in cols.items()} == want[0]
     np.testing.assert_array_equal(lines, want[1])
 
 
@@ -126,3 +130,67 @@ def test_a_trace_reads_the_same_with_and_without_pandas(tmp_path: Path) -> None:
     assert fast.req_class == slow.req_class and fast.model == slow.model
     assert fast.slo.keys() == slow.slo.keys()
     np.testing.assert_array_equal(fast.slo["ttft_slo_s"], slow.slo["ttft_slo_s"])
+
+
+@pytest.mark.parametrize("odd", ["\u00a0", "\x0b", "\x0c", "\u2028", "\x1c"])
+def test_header_names_with_other_whitespace_are_stripped(tmp_path: Path, odd: str) -> None:
+    """pandas' reading strips header names of any whitespace: the trace still reads."""
+    path = tmp_path / "h.csv"
+    path.write_text(f"arrival_s,prompt_tokens,output_tokens{odd}\n0,10,5\n", encoding="utf-8")
+    t = read_trace(path)
+    assert t.output.tolist() == [5] and t.prompt.tolist() == [10]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "arrival_s,prompt_tokens,prompt_tokens,output_tokens",
+        "arrival_s,prompt_tokens, prompt_tokens,output_tokens",
+        'arrival_s,prompt_tokens,"prompt_tokens",output_tokens',
+    ],
+)
+def test_a_repeated_column_name_is_an_error(tmp_path: Path, header: str) -> None:
+    """pandas renames the second one (prompt_tokens.1), which was then ignored."""
+    path = tmp_path / "d.csv"
+    path.write_text(f"{header}\n0,10,11,5\n")
+    assert _plain_csv(path) is None
+    with pytest.raises(WorkloadError, match=r"d\.csv: column prompt_tokens appears more than"):
+        read_trace(path)
+
+
+def test_a_file_over_the_size_limit_reads_through_pandas_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above TEXT_PATH_MAX_BYTES pandas' columns come back (no str object per cell), and
+    the trace, its errors included, is the same."""
+    rows = ["arrival_s,prompt_tokens,output_tokens,class,priority,model,ttft_slo_s"]
+    rows += [
+        f"{0.5 * i},{10 + i},{1 + i % 7},{('rt', 'be', '')[i % 3]},{i % 2},m," for i in range(50)
+    ]
+    path = tmp_path / "t.csv"
+    path.write_text("\n".join(rows) + "\n\n")
+    small = read_trace(path)
+    cols, _ = read_text_columns(path, "trace file", WorkloadError)
+    assert isinstance(cols["arrival_s"], list)
+    monkeypatch.setattr(textcsv, "TEXT_PATH_MAX_BYTES", path.stat().st_size - 1)
+    cols, _ = read_text_columns(path, "trace file", WorkloadError)
+    assert isinstance(cols["arrival_s"], pd.Series)
+    big = read_trace(path)
+    for name in ("arrival", "prompt", "output", "priority"):
+        np.testing.assert_array_equal(getattr(big, name), getattr(small, name))
+    assert big.req_class == small.req_class and big.model == small.model
+    np.testing.assert_array_equal(big.slo["ttft_slo_s"], small.slo["ttft_slo_s"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text(path.read_text().replace("\n3.0,16,", "\n3.0,many,"))
+    monkeypatch.setattr(textcsv, "TEXT_PATH_MAX_BYTES", 0)
+    with pytest.raises(
+        WorkloadError, match=r"line 8, column prompt_tokens: not a number \('many'\)"
+    ):
+        read_trace(bad)
+
+
+def test_every_whitespace_but_newline_makes_a_file_unplain() -> None:
+    spaces = {chr(c) for c in range(0x110000) if chr(c).isspace()} - {"\n"}
+    matched = {chr(c) for c in range(0x110000) if textcsv._UNPLAIN.match(chr(c))}
+    assert spaces <= matched and "\n" not in matched
+    assert matched - spaces == {'"', "\ufeff", "\x00"}

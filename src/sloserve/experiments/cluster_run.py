@@ -90,7 +90,7 @@ class StoppedEarly(Exception):  # a control-flow signal, not an error
         self.cluster = cluster
 
 
-@dataclass
+@dataclass(init=False)
 class ClusterRunResult(RunResult):
     """A :class:`RunResult` whose requests may come from several instances."""
 
@@ -102,6 +102,23 @@ class ClusterRunResult(RunResult):
     request, time, ``considered`` (accepting replicas), ``candidates`` (after the filters),
     ``score_<scorer>`` (normalised, per candidate), ``total``, ``pick`` (-1: held),
     ``hold`` (the reason), ``queue_s`` (time in the global queue so far)."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        requests: list[Request],
+        table: pd.DataFrame | Callable[[], pd.DataFrame],
+        summary: dict[str, Any],
+        trace: pd.DataFrame | Callable[[], pd.DataFrame],
+        iter_end: np.ndarray,
+        cluster: Cluster | None = None,
+        iter_ends: dict[int, np.ndarray] | None = None,
+        decisions: pd.DataFrame | None = None,
+    ) -> None:
+        super().__init__(config, requests, table, summary, trace, iter_end)
+        self.cluster = cluster
+        self.iter_ends = {} if iter_ends is None else iter_ends
+        self.decisions = decisions
 
     def timeline(self, req_id: int) -> pd.DataFrame:
         req = next((r for r in self.requests if r.req_id == req_id), None)

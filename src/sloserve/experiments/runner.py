@@ -107,20 +107,36 @@ class SimConfig(BaseModel):
     horizon_s: Seconds | None = Field(default=None, description="abort what is left at this time")
 
 
-@dataclass
+@dataclass(init=False)
 class RunResult:
     """Everything one run produced; ``table`` and ``trace`` are data, plots come later.
 
-    Both are pandas DataFrames built on first use (the constructor takes a DataFrame or a
-    function returning one): a caller that reads only ``summary`` (``simulate --json``)
-    never builds them, nor imports pandas."""
+    Both are pandas DataFrames built on first use: the constructor takes, for each, a
+    DataFrame or a picklable function returning one (a module-level function or a
+    ``functools.partial`` over plain data), so that a caller that reads only ``summary``
+    (``simulate --json``) never builds them, nor imports pandas. Pickling builds both
+    (the executor's process and Ray backends pickle results)."""
 
     config: SimConfig
     requests: list[Request]
-    _table: pd.DataFrame | Callable[[], pd.DataFrame] = field(repr=False)
     summary: dict[str, Any]
-    _trace: pd.DataFrame | Callable[[], pd.DataFrame] = field(repr=False)
     iter_end: np.ndarray = field(repr=False)
+
+    def __init__(
+        self,
+        config: SimConfig,
+        requests: list[Request],
+        table: pd.DataFrame | Callable[[], pd.DataFrame],
+        summary: dict[str, Any],
+        trace: pd.DataFrame | Callable[[], pd.DataFrame],
+        iter_end: np.ndarray,
+    ) -> None:
+        self.config = config
+        self.requests = requests
+        self._table = table
+        self.summary = summary
+        self._trace = trace
+        self.iter_end = iter_end
 
     @property
     def table(self) -> pd.DataFrame:
@@ -143,6 +159,12 @@ class RunResult:
     @trace.setter
     def trace(self, value: pd.DataFrame) -> None:
         self._trace = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Both tables built: a builder may hold what does not pickle."""
+        state = dict(self.__dict__)
+        state["_table"], state["_trace"] = self.table, self.trace
+        return state
 
     def timeline(self, req_id: int) -> pd.DataFrame:
         """One request's token timeline: when each token was delivered, when its user
@@ -351,19 +373,21 @@ def simulate(
 
 
 def _trace_of(inst: Instance) -> Callable[[], pd.DataFrame]:
-    """What builds ``inst``'s trace table (one row per scheduling decision) when read."""
+    """What builds ``inst``'s trace table (one row per scheduling decision) when read: a
+    partial over the trace's columns and the block count, not the instance (which it would
+    keep alive, and which does not pickle)."""
+    cols = {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
+    return functools.partial(_trace_table, cols, inst.kv.num_blocks)
 
-    def build() -> pd.DataFrame:
-        import pandas as pd
 
-        trace = pd.DataFrame(
-            {f.name: getattr(inst.trace, f.name) for f in dataclasses.fields(inst.trace)}
-        )
-        if len(trace):
-            trace["kv_usage"] = trace["kv_used_blocks"] / inst.kv.num_blocks
-        return trace
+def _trace_table(cols: dict[str, list[Any]], num_blocks: int) -> pd.DataFrame:
+    """The trace table of an instance trace's columns, ``kv_usage`` added."""
+    import pandas as pd
 
-    return build
+    trace = pd.DataFrame(cols)
+    if len(trace):
+        trace["kv_usage"] = trace["kv_used_blocks"] / num_blocks
+    return trace
 
 
 class RequestSink(Protocol):

@@ -44,9 +44,11 @@ def rates_by(
     keys: Sequence[Any] | NDArray[Any], values: NDArray[np.float64]
 ) -> dict[str, float | None]:
     """:func:`_mean` of ``values`` per key, keys as strings in sorted order (pandas'
-    ``groupby(key, sort=True)``)."""
+    ``groupby(key, sort=True)``, which drops a missing key: None or NaN)."""
     codes: dict[Any, list[int]] = {}
     for i, k in enumerate(keys):
+        if k is None or k != k:  # None or NaN (NaN != NaN): no group, as in pandas
+            continue
         codes.setdefault(k, []).append(i)
     return {str(k): _mean(values[np.asarray(codes[k], dtype=np.int64)]) for k in sorted(codes)}
 

@@ -154,11 +154,7 @@ def requests_from_rows(
     )
     speeds = spec.qoe.speeds(speed_rng, n).tolist()
     qoe = spec.qoe
-    if qoe.ttft_s is not None:  # QoERule.ttft, for every prompt at once
-        rule_ttft = [qoe.ttft_s] * n
-    else:
-        rate, floor = qoe.prefill_tokens_per_s, qoe.min_ttft_s
-        rule_ttft = [max(p / rate, floor) for p in prompt]
+    rule_ttft = list(map(qoe.ttft, prompt))
     hashes = rows["hash_ids"] if "hash_ids" in rows else [None] * n
     # Shared immutable SLO and QoE specs, one per distinct value, each validated where it
     # first occurs (the same error, at the same request, as building one per row).

@@ -25,7 +25,7 @@ from sloserve.core.bounds import (
     first_violation,
 )
 from sloserve.core.errors import WorkloadError
-from sloserve.core.textcsv import TextColumns, read_text_columns, to_floats
+from sloserve.core.textcsv import Cells, cell, present, read_text_columns, texts, to_floats
 
 REQUIRED = ("arrival_s", "prompt_tokens", "output_tokens")
 OPTIONAL_FLOAT = ("ttft_slo_s", "tpot_slo_s", "deadline_s", "qoe_ttft_s", "qoe_tokens_per_s")
@@ -75,16 +75,16 @@ class _Lines:
         return int(self.lines[idx])
 
 
-def _numeric(df: TextColumns, col: str, path: Path, _line: _Lines) -> NDArray[np.float64]:
+def _numeric(df: dict[str, Cells], col: str, path: Path, _line: _Lines) -> NDArray[np.float64]:
     raw = df[col]
     num = to_floats(raw)
-    bad = np.isnan(num) & np.asarray([v is not None for v in raw])
+    bad = np.isnan(num) & present(raw)
     if col in REQUIRED:
         bad |= np.isnan(num)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise WorkloadError(
-            f"{path}: line {_line(i)}, column {col}: not a number ({_cell(raw[i])!r})"
+            f"{path}: line {_line(i)}, column {col}: not a number ({_cell(cell(raw, i))!r})"
         )
     return num
 
@@ -111,7 +111,7 @@ def read_trace(path: str | Path) -> TraceColumns:
     if i is not None:
         raise WorkloadError(
             f"{p}: line {_line(i)}, column arrival_s: must be a time in seconds "
-            f"{bound_text(Time)} ({_cell(df['arrival_s'][i])})"
+            f"{bound_text(Time)} ({_cell(cell(df['arrival_s'], i))})"
         )
     dec = np.flatnonzero(np.diff(arrival) < 0)
     if dec.size:
@@ -127,12 +127,12 @@ def read_trace(path: str | Path) -> TraceColumns:
         if i is not None:
             raise WorkloadError(
                 f"{p}: line {_line(i)}, column {col}: must be an integer number of tokens "
-                f"{bound_text(Tokens)} ({_cell(df[col][i])})"
+                f"{bound_text(Tokens)} ({_cell(cell(df[col], i))})"
             )
         ints[col] = v.astype(np.int64)
     req_class = None
     if "class" in df:
-        cls = [(v if v is not None else "rt").strip().lower() for v in df["class"]]
+        cls = [(v if v is not None else "rt").strip().lower() for v in texts(df["class"])]
         bad_cls = [k for k, v in enumerate(cls) if v != "rt" and v != "be"]
         if bad_cls:
             i = bad_cls[0]
@@ -147,10 +147,12 @@ def read_trace(path: str | Path) -> TraceColumns:
         if i is not None:
             raise WorkloadError(
                 f"{p}: line {_line(i)}, column priority: must be an integer "
-                f"{bound_text(Priority)} ({_cell(df['priority'][i])})"
+                f"{bound_text(Priority)} ({_cell(cell(df['priority'], i))})"
             )
         priority = pr  # NaN (an empty cell) falls back to the class rule
-    model = [v if v is not None else "default" for v in df["model"]] if "model" in df else None
+    model = (
+        [v if v is not None else "default" for v in texts(df["model"])] if "model" in df else None
+    )
     slo: dict[str, NDArray[np.float64]] = {}
     for col in OPTIONAL_FLOAT:
         if col in df:
@@ -160,7 +162,7 @@ def read_trace(path: str | Path) -> TraceColumns:
             if i is not None:
                 raise WorkloadError(
                     f"{p}: line {_line(i)}, column {col}: must be {bound_text(kind)} "
-                    f"({_cell(df[col][i])})"
+                    f"({_cell(cell(df[col], i))})"
                 )
             slo[col] = v
     return TraceColumns(

@@ -11,25 +11,42 @@ if TYPE_CHECKING:  # pandas is imported when a DataFrame is first needed (start-
     import pandas as pd
 
 
-@dataclass
+@dataclass(init=False)
 class TraceTable:
     """A loaded trace: the data and what was done to it.
 
-    The rows are a DataFrame, or (a loader that reads without pandas: ``sloserve``'s CSV)
-    ``columns``, name -> array or list, with ``df`` built from them on first use; the
-    accessors below read either without building the other."""
+    The rows are a DataFrame (``df=``), or (a loader that reads without pandas:
+    ``sloserve``'s CSV) ``columns``, name -> array or list, with ``df`` built from them on
+    first use. Until then the accessors below read ``columns`` without building ``df``;
+    once ``df`` is built (or assigned) ``columns`` is dropped, so every reader goes
+    through ``df`` and an in-place edit of it is seen."""
 
-    _df: pd.DataFrame | None
     source: str
     notes: list[str] = field(default_factory=list)
     columns: dict[str, Any] | None = field(default=None, repr=False)
 
+    def __init__(
+        self,
+        df: pd.DataFrame | None = None,
+        source: str = "",
+        notes: list[str] | None = None,
+        columns: dict[str, Any] | None = None,
+    ) -> None:
+        if df is None and columns is None:
+            raise TypeError("TraceTable needs df or columns")
+        self._df = df
+        self.source = source
+        self.notes = [] if notes is None else notes
+        self.columns = None if df is not None else columns
+
     @property
     def df(self) -> pd.DataFrame:
+        """The rows as a DataFrame (built from ``columns`` on first use, which then drops
+        them)."""
         if self._df is None:
             import pandas as pd
 
-            self._df = pd.DataFrame(self.columns)
+            self._df, self.columns = pd.DataFrame(self.columns), None
         return self._df
 
     @df.setter
@@ -38,9 +55,11 @@ class TraceTable:
 
     @property
     def names(self) -> list[str]:
+        """The column names, in order (without building ``df``)."""
         return list(self.columns) if self.columns is not None else list(self.df.columns)
 
     def num_rows(self) -> int:
+        """How many rows (requests) the trace has (without building ``df``)."""
         return len(self.numbers(self.names[0])) if self.names else 0
 
     def numbers(self, col: str) -> np.ndarray:
