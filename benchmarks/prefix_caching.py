@@ -30,6 +30,7 @@ Three parts (each prints JSON lines, then a markdown table):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -171,6 +172,10 @@ def main() -> None:
             runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
             for _ in range(a.repeat):
                 for caching in (False, True):  # alternating: both see the same load
+                    # The previous run's object graph is garbage with cycles; collected
+                    # inside the next timed run it would charge that run (0.2-0.4 s a
+                    # full pass), as a fresh process never pays.
+                    gc.collect()
                     runs[caching].append(run_one((router, router, caching, 0.0, a.replicas)))
             keys = ("wall_s", "cpu_s")
             best = {(c, k): min(r[k] for r in runs[c]) for c in (False, True) for k in keys}
