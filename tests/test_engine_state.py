@@ -208,3 +208,53 @@ def test_a_replaced_config_updates_the_shortcut() -> None:
     assert not sched._all_decode_shortcut
     sched.config = dataclasses.replace(sched.config, order="fcfs", eviction_free=True)
     assert not sched._all_decode_shortcut
+
+
+def test_the_all_decode_shortcut_follows_a_replaced_config() -> None:
+    """A subclass may replace the config (QLM's agent does): switching chunked prefill on
+    must reach the shortcut's fill test, so a request part-way through its prompt is not
+    batched as a one-token decode (the review found it read the first config's value)."""
+    import dataclasses
+
+    from sloserve.core.request import RequestStatus
+    from sloserve.engine.kv import PagedKVManager
+
+    kv = PagedKVManager(100, 16)
+    r = Request(req_id=1, arrival=0.0, num_prompt_tokens=1000, true_output_len=10)
+    r.status, r.instance_id, r.num_computed_tokens = RequestStatus.RUNNING, 0, 512
+    kv.allocate(1, 512)
+    lim = Limits(
+        max_batch_tokens=512, max_prefill_tokens=512, kv_capacity_tokens=1600,
+        max_running=8, block_size=16,
+    )  # fmt: skip
+    view = InstanceView(
+        instance_id=0, waiting=[], running=[r], swapped=[], kv=kv, cost_model=None,
+        predictor=make_predictor("oracle"), limits=lim, filling=[r],
+    )  # fmt: skip
+    base = unified.UnifiedConfig("decode-first", hybrid=True, chunked_prefill=False)
+    s = unified.UnifiedScheduler("x", base)
+    s.config = dataclasses.replace(base, chunked_prefill=True)
+    assert s.chunked_prefill
+    out = s.schedule(view)
+    assert [(e[0].req_id, e[1]) for e in out.batch] == [(1, 488)]
+    assert not out.repeatable
+
+
+@pytest.mark.parametrize("teardown", ["evacuate", "abort_all"])
+def test_a_teardown_leaves_no_request_filling(teardown: str) -> None:
+    """A replica that fails (evacuate) or aborts everything keeps no request in
+    ``filling`` (a replica that never recovers held them to the end of the run)."""
+    env = Environment()
+    inst = Instance(
+        env,
+        make_policy("sarathi", {"prefill_tokens": 8}),
+        small_linear_cost(),
+        Limits(64, 8, 1024, 8, 4),
+        make_predictor("oracle"),
+    )
+    r = Request(0, 0.0, 40, 4)
+    env.schedule(0.0, lambda: inst.add_request(r), PRIO_ARRIVAL)
+    env.run(until=0.0)  # the first 8-token chunk is scheduled: r is filling
+    assert list(inst.filling) == [0]
+    getattr(inst, teardown)()
+    assert not inst.filling

@@ -98,6 +98,7 @@ def abort_all(inst: Instance) -> int:
         inst._done(r)
     inst.waiting.clear()
     inst.running.clear()
+    inst.filling.clear()  # nothing runs: no request is filling here any more
     inst.swapped.clear()
     inst.incoming.clear()
     inst._abort_after.clear()
@@ -129,6 +130,7 @@ def evacuate(inst: Instance) -> list[Request]:
     live = sorted([*inst.waiting, *inst.running, *inst.swapped, *inst.incoming], key=ARRIVAL_ORDER)
     inst.waiting.clear()
     inst.running.clear()
+    inst.filling.clear()  # nothing runs: no request is filling here any more
     inst.swapped.clear()
     inst.incoming.clear()
     inst._busy = False

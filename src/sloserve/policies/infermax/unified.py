@@ -107,7 +107,6 @@ class UnifiedScheduler(Scheduler):
         self.name = name
         self.config = config
         self.default_prefill_tokens = config.prefill_tokens
-        self.chunked_prefill = config.chunked_prefill
         self._decode_entries: dict[Request, ScheduledRequest] = {}
         """Each running request's ``(request, 1)`` decode entry, built once and reused by
         every batch that decodes it (a named tuple is immutable; building ~20 per decision
@@ -122,6 +121,8 @@ class UnifiedScheduler(Scheduler):
     @config.setter
     def config(self, config: UnifiedConfig) -> None:
         self._config = config
+        # Read by the engine and by the shortcut below: it must follow a replaced config.
+        self.chunked_prefill = config.chunked_prefill
         # Whether schedule may answer "every running request decodes" without Algorithm
         # 1's set-up: fcfs (the running list is already in group order), not eviction-free
         # (its reservations ask the predictor, which may keep state).
