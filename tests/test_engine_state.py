@@ -140,19 +140,24 @@ def test_filling_rechecks_each_request_and_keeps_the_running_order() -> None:
     assert unified._filling(view) == [fill_early, refill, fill_late]
 
 
-def test_debug_checks_catch_a_filling_request_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    # An engine that forgot to note a request joining the running set is caught by the
-    # invariant checks (check_invariants=True) at the next decision.
-    monkeypatch.setattr(fills, "note_joined", lambda filling, r: None)
-    env = Environment()
-    inst = Instance(
+def _chunking_instance(env: Environment, check_invariants: bool = False) -> Instance:
+    """Sarathi prefilling 8 tokens a step: a 40-token prompt fills over five steps."""
+    return Instance(
         env,
         make_policy("sarathi", {"prefill_tokens": 8}),
         small_linear_cost(),
         Limits(64, 8, 1024, 8, 4),
         make_predictor("oracle"),
-        check_invariants=True,
+        check_invariants=check_invariants,
     )
+
+
+def test_debug_checks_catch_a_filling_request_left_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An engine that forgot to note a request joining the running set is caught by the
+    # invariant checks (check_invariants=True) at the next decision.
+    monkeypatch.setattr(fills, "note_joined", lambda filling, r: None)
+    env = Environment()
+    inst = _chunking_instance(env, check_invariants=True)
     r = Request(0, 0.0, 40, 4)
     env.schedule(0.0, lambda: inst.add_request(r), PRIO_ARRIVAL)
     with pytest.raises(KVInvariantError, match="fill but are not in"):
@@ -245,13 +250,7 @@ def test_a_teardown_leaves_no_request_filling(teardown: str) -> None:
     """A replica that fails (evacuate) or aborts everything keeps no request in
     ``filling`` (a replica that never recovers held them to the end of the run)."""
     env = Environment()
-    inst = Instance(
-        env,
-        make_policy("sarathi", {"prefill_tokens": 8}),
-        small_linear_cost(),
-        Limits(64, 8, 1024, 8, 4),
-        make_predictor("oracle"),
-    )
+    inst = _chunking_instance(env)
     r = Request(0, 0.0, 40, 4)
     env.schedule(0.0, lambda: inst.add_request(r), PRIO_ARRIVAL)
     env.run(until=0.0)  # the first 8-token chunk is scheduled: r is filling
