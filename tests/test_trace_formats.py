@@ -83,6 +83,10 @@ def test_mooncake_small_file_by_hand(tmp_path: Path) -> None:
             lines({"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": ["a"]}),
             r"line 1, field hash_ids: must be a list of integers",
         ),
+        (  # Python hashes -1 and -2 alike: they would share a cache key
+            lines({"timestamp": 0, "input_length": 1024, "output_length": 3, "hash_ids": [0, -2]}),
+            r"line 1, field hash_ids: -2 is negative",
+        ),
     ],
 )
 def test_mooncake_errors_name_the_line(tmp_path: Path, body: str, match: str) -> None:

@@ -8,10 +8,11 @@ More Storage for Less Computation", FAST '25; kvcache-ai/Mooncake,
 
 * ``timestamp``: arrival time in **milliseconds** (any origin; replayed from the first);
 * ``input_length`` / ``output_length``: prompt and output tokens (integers >= 1);
-* ``hash_ids`` (optional): one id per 512-token block of the prompt; equal ids mean identical
-  prefix blocks (reusable KV cache). A request has at most ``ceil(input_length / 512)``
-  blocks. They are kept on each request (:attr:`Request.hash_ids`): the prompt identity
-  prefix caching matches (``engine/prefix_cache.py``).
+* ``hash_ids`` (optional): one non-negative id per 512-token block of the prompt; equal ids
+  mean identical prefix blocks (reusable KV cache). A request has at most
+  ``ceil(input_length / 512)`` blocks. They are kept on each request
+  (:attr:`Request.hash_ids`): the prompt identity prefix caching matches
+  (``engine/prefix_cache.py``).
 
 Every problem raises :class:`~sloserve.core.errors.WorkloadError` naming the file and line.
 """
@@ -89,6 +90,9 @@ def load_mooncake(path: str | Path, *, strict: bool = True) -> TraceTable:
                 isinstance(x, int) and not isinstance(x, bool) for x in h
             ):
                 raise WorkloadError(f"{p}: line {no}, field hash_ids: must be a list of integers")
+            neg = next((x for x in h if x < 0), None)
+            if neg is not None:  # Python hashes -1 and -2 alike: two ids, one cache key
+                raise WorkloadError(f"{p}: line {no}, field hash_ids: {neg} is negative")
             most = math.ceil(n_in / BLOCK_TOKENS)
             if len(h) > most:
                 raise WorkloadError(
