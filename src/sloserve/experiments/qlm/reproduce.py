@@ -54,6 +54,8 @@ def run_one(run: Run) -> dict[str, Any]:
     # to the last finish, which the slowest request sets once every system drains its queue.
     in_window = [r for r in res.requests if r.finish_time is not None]
     in_window = [r for r in in_window if (r.finish_time or 0.0) <= run.duration_s]
+    t_win = run.duration_s
+    loads = s.get("model_loads") or []
     q = s.get("qlm") or {}
     by_class = s.get("deadline_attainment_by_class") or {}
     return {
@@ -75,6 +77,21 @@ def run_one(run: Run) -> dict[str, Any]:
         "throughput_tokens_per_s": s["throughput_tokens_per_s"],
         "window_tokens_per_s": sum(r.num_output_tokens for r in in_window) / run.duration_s,
         "window_requests_per_s": len(in_window) / run.duration_s,
+        # the window is the arrival window [0, duration_s]; requests not finished at its
+        # end: a positive backlog means the window's rate is a served rate, not the offer
+        "window_s": t_win,
+        "window_backlog": s["requests"] - len(in_window),
+        # model-load seconds summed over replicas, in all and inside the window (what a
+        # free warm start could give back: the bound in benchmarks/qlm_limits.py)
+        "model_load_s": sum(ld["end_s"] - ld["start_s"] for ld in loads),
+        "model_load_s_window": sum(
+            max(0.0, min(ld["end_s"], t_win) - ld["start_s"]) for ld in loads
+        ),
+        "replicas": len(s.get("replicas") or []),
+        "deadline_misses": sum(1 for r in res.requests if not _met(r)),
+        # finished late although service alone (first scheduled -> finish) already
+        # exceeded the deadline: no ordering, pull or eviction could have saved them
+        "misses_service_bound": sum(1 for r in res.requests if _service_bound(r)),
         "model_loads_cold": (s.get("model_loads_by_tier") or {}).get("disk", 0),
         "model_loads_warm": (s.get("model_loads_by_tier") or {}).get("cpu", 0),
         # waited for the rest of a warm-start read under way, then loaded from CPU memory
@@ -88,6 +105,27 @@ def run_one(run: Run) -> dict[str, Any]:
         "rct_wait_r2": q.get("rct_wait_r2"),
         "wall_s": s["wall_seconds"],
     }
+
+
+def _deadline(r: Any) -> float | None:
+    return None if r.slo.deadline_s is None else float(r.slo.deadline_s)
+
+
+def _met(r: Any) -> bool:
+    """The request met its end-to-end deadline (no deadline: met)."""
+    d = _deadline(r)
+    if d is None:
+        return True
+    if not r.is_finished or r.finish_time is None:  # aborted at the horizon: missed
+        return False
+    return bool(r.finish_time - r.arrival <= d + 1e-9)
+
+
+def _service_bound(r: Any) -> bool:
+    d = _deadline(r)
+    if d is None or not r.is_finished or r.finish_time is None or r.first_scheduled is None:
+        return False
+    return bool(r.finish_time - r.first_scheduled > d + 1e-9)
 
 
 def _workload(cfg: Any, run: Run) -> Any:
