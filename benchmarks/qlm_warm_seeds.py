@@ -1,8 +1,9 @@
 """The warm-start LSO's gain over workload seeds: the quick plan's W_A and W_A_large runs
 of ``qlm`` and ``qlm-no-warm-start`` (the main tail share) at each seed, with attainment,
 throughput (tokens ÷ time to the last finish), requests served while arrivals last, and
-model loads by tier. One seed's throughput gain hangs on the last finish; this shows its
-spread.
+model loads by tier, the load seconds inside the arrival window and warm start's bound
+there (``benchmarks/qlm_limits.py``: every load second removed). One seed's throughput
+gain hangs on the last finish; this shows its spread.
 
     python benchmarks/qlm_warm_seeds.py --seeds 0 1 2 3 4
 """
@@ -25,6 +26,7 @@ def main() -> None:
 
     c0 = time.process_time()
     gains: dict[str, list[tuple[float, float, float]]] = {w: [] for w in args.workloads}
+    bounds: dict[str, list[float]] = {w: [] for w in args.workloads}
     for seed in args.seeds:
         runs = Plan.quick(seed).runs
         for wl in args.workloads:
@@ -41,8 +43,14 @@ def main() -> None:
                     f"tok/s {row['throughput_tokens_per_s']:7.1f} window req/s "
                     f"{row['window_requests_per_s']:.3f} loads cold/warm/read "
                     f"{row['model_loads_cold']}/{row['model_loads_warm']}/{row['model_loads_read']}"
+                    f" load s in window {row['model_load_s_window']:.1f}"
+                    f" ({row['model_load_s_window'] / (row['replicas'] * row['window_s']):.0%})"
                 )
             on, off = rows["qlm"], rows["qlm-no-warm-start"]
+            cap = on["replicas"] * on["window_s"]  # the same cluster and window for both
+            bounds[wl].append(
+                (cap - on["model_load_s_window"]) / (cap - off["model_load_s_window"]) - 1
+            )
             gains[wl].append(
                 tuple(  # type: ignore[arg-type]
                     on[k] / off[k] - 1 if off[k] else float("nan")
@@ -57,6 +65,12 @@ def main() -> None:
                 + " ".join(f"{x:+.0%}" for x in xs)
                 + f"  (median {statistics.median(xs):+.0%})"
             )
+        xs = bounds[wl]
+        print(
+            f"{wl} warm-start window req/s bound (every load second in the window removed): "
+            + " ".join(f"{x:+.0%}" for x in xs)
+            + f"  (median {statistics.median(xs):+.0%})"
+        )
     print(f"CPU {time.process_time() - c0:.1f} s, load {os.getloadavg()[0]:.2f}")
 
 
