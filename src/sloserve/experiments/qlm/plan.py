@@ -33,8 +33,10 @@ Where this setup differs from the paper's (§8), and which gap each difference c
 - *Lengths and rates*: the workload's named ``sharegpt`` length mix and
   Poisson arrivals for 40 s (quick) or 120 s (full), where the paper replays ShareGPT
   with unstated rates.
-- *Throughput* is output tokens ÷ the time to the last finish; when every system drains
-  the queue before the horizon, throughput differs only by the makespan.
+- *Throughput*: the claims count requests finished within the arrival window ÷ the window
+  (§8.1: "requests served per second"; ``experiments/qlm/headline.py``); the summary's
+  output tokens ÷ the time to the last finish stays beside it (when every system drains
+  the queue before the horizon, that one differs only by the makespan).
 
 Each workload runs QLM (router ``qlm``, policy ``qlm``) and the baselines of the same
 runs: ``edf`` and ``fcfs`` (global queues, vLLM per replica) and ``round-robin`` (vLLM's

@@ -1,10 +1,12 @@
 """QLM's reproduction (§8 of ``papers/qlm.txt``): run the plan, tabulate, and put the
 headline numbers beside the paper's.
 
-Headlines (choices): *attainment gain* is QLM's e2e-deadline attainment over the best
-baseline's (the mean over the latency-sensitive shares), as a relative change; *throughput
-gain* likewise with output tokens/s; *warm start* is QLM vs QLM without the warm-start LSO
-on W_A (throughput); *eviction* is QLM vs QLM without eviction on W_B (attainment). The
+Headlines (choices; ``headline.py`` has the details): *attainment gain* is QLM's
+e2e-deadline attainment over the best baseline's (the mean over the latency-sensitive
+shares), as a relative change; *throughput gain* likewise with requests finished in the
+arrival window per second (and output tokens ÷ the time to the last finish beside it);
+*warm start* is QLM vs QLM without the warm-start LSO on W_A (throughput); *eviction* is
+QLM vs QLM without eviction on W_B (attainment). The
 plan-generator time curve times :func:`~sloserve.cluster.qlm.generate_plan` on synthetic
 queues (groups of 64 requests, 32 instances, 8 models), the RCT accuracy is the R² of the
 estimated vs simulated completion times of QLM's runs. Everything but wall-clock times is
