@@ -6,7 +6,8 @@ its model, and which models it keeps warm in CPU memory.
   then loads; with ``swap: flush`` it first gives them back, ``flush.py``), unless
   Insight #3's checks keep its model for now (:func:`keep_model`: its own groups first
   when that scores no worse; :func:`can_wait`: a busy replica
-  defers while the head's deadline allows); the warm-start LSO keeps the next models of its
+  defers while the head's deadline allows; :func:`reads_ahead`: a busy replica serves on
+  while the head's model is read into CPU memory); the warm-start LSO keeps the next models of its
   queue in CPU memory, in bytes, each warm only once read from disk (``warm.py``).
 - **The pull baselines** ``edf``/``fcfs`` (:func:`swap_for_head`): an idle
   replica changes to the model of the head of the global queue.
@@ -113,6 +114,8 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
             continue
         if v.outstanding > 0 and can_wait(qr, v, head, view.now):
             continue
+        if v.outstanding > 0 and reads_ahead(qr, v, head, view.now):
+            continue
         if flush_waits(qr, v):
             continue
         qr._loaded_at[rid] = view.now + qr._swap(rid, head.model)
@@ -134,6 +137,47 @@ def can_wait(qr: QLMRouter, v: ReplicaView, head: RequestGroup, now: float) -> b
     cm, cv = qr.rct.completion(head, hw)
     done = now + qr.rct.quantile(m + qr._swap(v.replica_id, head.model) + cm, var + cv)
     return done + (qr.tick_s or 1.0) <= head.deadline
+
+
+def reads_ahead(qr: QLMRouter, v: ReplicaView, head: RequestGroup, now: float) -> bool:
+    """§5's two-stage warm start ("Storage-CPU swapping: the model is first swapped from the
+    LLM model registry to CPU memory, and (2) CPU-GPU swapping"): while the head group's
+    model is still being read from disk into this replica's CPU memory, a busy replica
+    keeps serving its current model and begins the change (its drain, priced as in
+    :meth:`QLMRouter._swap`) only when the drain would end by the read's end. Beginning
+    earlier cannot end the load sooner (the load waits for the read, ``ReadsIntoCPU``); it
+    only idles the replica. Measured reason: on the quick W_A_large QLM's replica waited
+    out a 68.9 s read of Llama-2-70B drained and idle (``benchmarks/qlm_limits.py``)."""
+    if "warm-start" not in qr.lsos:
+        return False
+    mem = qr.cpu_mem.get(v.replica_id)
+    end = None if mem is None else mem.read_end(head.model, now)
+    if end is None:  # not being read (already warm, or not kept): nothing to wait for
+        return False
+    hw = qr._hw(v.replica_id)
+    drain = 0.0 if qr.swap == "flush" else qr.rct.lengths.prior[0] * hw.decode_s_per_token
+    return now + drain * hw.inefficiency + (qr.tick_s or 1.0) < end
+
+
+def change_cost(qr: QLMRouter, rid: int, model: str, now: float, offset: float) -> float:
+    """What a change of replica ``rid`` to ``model`` begun ``offset`` s from ``now`` adds:
+    :meth:`QLMRouter._swap` (drain + load, the load cold unless the model is warm), except
+    while the model is being read into the replica's CPU memory (the warm-start LSO): then
+    the load ends at the later of the drain's end and the read's end, plus the copy from
+    CPU memory (the cold load less the read, ``weight bytes ÷ disk rate``). So work done
+    before the change costs the change nothing while the read goes on (§5's two stages)."""
+    cost = qr._swap(rid, model)
+    mem = qr.cpu_mem.get(rid) if "warm-start" in qr.lsos else None
+    if mem is None or qr.hooks is None:
+        return cost
+    end = mem.read_end(model, now)
+    if end is None:
+        return cost
+    load = qr.hooks.swap_s(rid, model)
+    warm = max(0.0, load - weight_bytes(qr, model) / mem.disk_bytes_per_s)
+    drain = cost - load
+    begin = now + offset
+    return min(cost, max(begin + drain, end) + warm - begin)
 
 
 def keep_model(
@@ -167,7 +211,7 @@ def queue_score(qr: QLMRouter, v: ReplicaView, gids: list[int], now: float) -> t
         if g is None:
             continue
         if g.model != model:
-            m, model = m + qr._swap(rid, g.model), g.model
+            m, model = m + change_cost(qr, rid, g.model, now, m), g.model
         cm, cv = qr.rct.completion(g, hw)
         done = now + qr.rct.quantile(m + cm, var + cv)
         late += done > g.deadline

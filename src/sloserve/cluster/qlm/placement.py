@@ -32,16 +32,18 @@ def place(qr: QLMRouter, g: RequestGroup, rid: int, model: str | None = None) ->
     else at the tail. ``model``: the replica's current model."""
     qr._assign[g.group_id] = rid
     q = qr.vq.setdefault(rid, [])
-    at = len(q)
+    q.insert(insert_at(qr, q, g.model, model), g.group_id)
+
+
+def insert_at(qr: QLMRouter, q: Sequence[int], g_model: str, model: str | None) -> int:
+    """Where :func:`place` puts a group of ``g_model`` in the queue ``q`` of a replica
+    whose current model is ``model``: right behind the last group of its model, at the head
+    when the replica serves its model and none is queued, else at the tail."""
     for k in range(len(q) - 1, -1, -1):
         h = qr.table.groups.get(q[k])
-        if h is not None and h.model == g.model:
-            at = k + 1
-            break
-    else:
-        if model == g.model:
-            at = 0
-    q.insert(at, g.group_id)
+        if h is not None and h.model == g_model:
+            return k + 1
+    return 0 if model == g_model else len(q)
 
 
 def violation_ahead(qr: QLMRouter, view: ClusterView, rid: int) -> bool:
@@ -70,12 +72,15 @@ def violation_ahead(qr: QLMRouter, view: ClusterView, rid: int) -> bool:
     return False
 
 
-def tail(qr: QLMRouter, v: ReplicaView, now: float) -> tuple[float, float, str]:
-    """(mean, var) seconds until replica ``v``'s virtual queue is done, its last model."""
+def tail(
+    qr: QLMRouter, v: ReplicaView, now: float, upto: int | None = None
+) -> tuple[float, float, str]:
+    """(mean, var) seconds until replica ``v``'s virtual queue is done (its first ``upto``
+    groups: all by default), and the model it then serves."""
     m, var = qr._ready(v, now)
     # a replica changing model is priced with its new one (its load is in _ready)
     hw, model = qr._hw(v.replica_id), qr._changing.get(v.replica_id, v.model)
-    for gid in qr.vq.get(v.replica_id, []):
+    for gid in qr.vq.get(v.replica_id, [])[:upto]:
         g = qr.table.groups.get(gid)
         if g is None:
             continue
@@ -116,9 +121,11 @@ def earliest(
     best_same = best
     # ties (free slots on several replicas: no wait anywhere) go to the least loaded
     for v in sorted(cand, key=lambda v: (v.outstanding, v.replica_id)):
-        m, var, model = tail(qr, v, now)
         # a replica changing model serves the new one (its old one is draining)
         now_model = qr._changing.get(v.replica_id, v.model)
+        # priced where place() puts it: behind its model's last group, or at the head
+        at = insert_at(qr, qr.vq.get(v.replica_id, []), g.model, now_model)
+        m, var, model = tail(qr, v, now, at)
         same = g.model in (model, now_model, "default")
         if model != g.model:
             m += qr._swap(v.replica_id, g.model)
