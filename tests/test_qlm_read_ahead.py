@@ -63,7 +63,7 @@ def test_a_change_to_a_model_being_read_costs_the_rest_of_the_read_plus_the_copy
     assert change_cost(off, 0, "b", 0.0, 9.0) == full
 
 
-def test_a_busy_replica_serves_on_while_its_next_model_is_read() -> None:
+def test_a_replica_keeps_its_model_while_its_next_model_is_read() -> None:
     qr = _router()
     head: Any = SimpleNamespace(model="b")
     v: Any = SimpleNamespace(replica_id=0, model="a", outstanding=3, status=ReplicaStatus.UP)
@@ -76,9 +76,11 @@ def test_a_busy_replica_serves_on_while_its_next_model_is_read() -> None:
     assert reads_ahead(qr, v, head, 100.0 - drain - 1.5)
     # the change begins once its drain (and a tick) would end by the read's end
     assert not reads_ahead(qr, v, head, 100.0 - drain - 1.0)
-    idle = _router("pull,balance")  # without the warm-start LSO: no read to wait for
-    idle.cpu_mem[0] = m
-    assert not reads_ahead(idle, v, head, 0.0)
+    empty: Any = SimpleNamespace(replica_id=0, model="a", outstanding=0, status=ReplicaStatus.UP)
+    assert reads_ahead(qr, empty, head, 0.0)  # idle too: requests of ``a`` may come
+    cold = _router("pull,balance")  # without the warm-start LSO: no read to wait for
+    cold.cpu_mem[0] = m
+    assert not reads_ahead(cold, v, head, 0.0)
 
 
 def _group(qr: QLMRouter, i: int, model: str) -> Any:

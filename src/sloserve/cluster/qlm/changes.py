@@ -6,7 +6,7 @@ its model, and which models it keeps warm in CPU memory.
   then loads; with ``swap: flush`` it first gives them back, ``flush.py``), unless
   Insight #3's checks keep its model for now (:func:`keep_model`: its own groups first
   when that scores no worse; :func:`can_wait`: a busy replica
-  defers while the head's deadline allows; :func:`reads_ahead`: a busy replica serves on
+  defers while the head's deadline allows; :func:`reads_ahead`: a replica keeps its model
   while the head's model is read into CPU memory); the warm-start LSO keeps the next models of its
   queue in CPU memory, in bytes, each warm only once read from disk (``warm.py``).
 - **The pull baselines** ``edf``/``fcfs`` (:func:`swap_for_head`): an idle
@@ -114,7 +114,7 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
             continue
         if v.outstanding > 0 and can_wait(qr, v, head, view.now):
             continue
-        if v.outstanding > 0 and reads_ahead(qr, v, head, view.now):
+        if reads_ahead(qr, v, head, view.now):
             continue
         if flush_waits(qr, v):
             continue
@@ -142,12 +142,15 @@ def can_wait(qr: QLMRouter, v: ReplicaView, head: RequestGroup, now: float) -> b
 def reads_ahead(qr: QLMRouter, v: ReplicaView, head: RequestGroup, now: float) -> bool:
     """§5's two-stage warm start ("Storage-CPU swapping: the model is first swapped from the
     LLM model registry to CPU memory, and (2) CPU-GPU swapping"): while the head group's
-    model is still being read from disk into this replica's CPU memory, a busy replica
-    keeps serving its current model and begins the change (its drain, priced as in
+    model is still being read from disk into this replica's CPU memory, the replica keeps
+    its current model and begins the change (its drain, priced as in
     :meth:`QLMRouter._swap`) only when the drain would end by the read's end. Beginning
     earlier cannot end the load sooner (the load waits for the read, ``ReadsIntoCPU``); it
-    only idles the replica. Measured reason: on the quick W_A_large QLM's replica waited
-    out a 68.9 s read of Llama-2-70B drained and idle (``benchmarks/qlm_limits.py``)."""
+    only keeps the replica from serving. An idle replica waits too: requests of its model
+    may come meanwhile (on the quick W_A_large at seed 0 a lull of 1.5 s emptied it, and
+    it then waited out 64 s of a Llama-2-70B read loading). Measured reason: on the quick
+    W_A_large QLM's replica waited out a 68.9 s read drained and idle
+    (``benchmarks/qlm_limits.py``)."""
     if "warm-start" not in qr.lsos:
         return False
     mem = qr.cpu_mem.get(v.replica_id)
