@@ -49,6 +49,7 @@ from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.kv_choice import caching_asked
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -62,6 +63,7 @@ from sloserve.experiments.runner import (
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.run_summary import rates_by, summarize_columns
 from sloserve.metrics.summary import request_columns, table_of
+from sloserve.workloads.identity import carries_prefix_identity
 from sloserve.workloads.spec import Workload
 
 if TYPE_CHECKING:  # pandas is imported when a table is first read (start-up time)
@@ -234,6 +236,8 @@ def simulate_cluster(
             f"(replica models: {', '.join(sorted(served))})"
         )
     env = Environment()
+    # Every replica, joining or recovering later too, sees only this run's requests.
+    ids = carries_prefix_identity(reqs, workload.sessions)
 
     def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
         gcfg = gcfgs[spec.group]
@@ -241,7 +245,11 @@ def simulate_cluster(
             icfg = gcfg.instance.model_copy(update={"profile": spec.profile})
             gcfg = gcfg.model_copy(update={"instance": icfg})
             return build_instance(
-                gcfg, env, check_invariants=check_invariants, instance_id=instance_id
+                gcfg,
+                env,
+                check_invariants=check_invariants,
+                instance_id=instance_id,
+                prefix_identities=ids,
             )
         return build_instance(
             gcfg,
@@ -249,6 +257,7 @@ def simulate_cluster(
             check_invariants=check_invariants,
             instance_id=instance_id,
             profile=profiles[spec.group],
+            prefix_identities=ids,
         )
 
     rparams = dict(ccfg.router_params)
@@ -318,7 +327,7 @@ def simulate_cluster(
         if left and horizon != math.inf
         else max([r.finish_time or 0.0 for r in reqs] + [0.0])
     )
-    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0)
+    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0, gcfgs)
 
 
 def qlm_hooks(
@@ -410,6 +419,7 @@ def _result(
     workload: Workload,
     feeder: _BatchFeeder | None,
     t0: float,
+    gcfgs: Sequence[SimConfig],
 ) -> ClusterRunResult:
     incs = [(rep, inst) for rep in clu.replicas for inst in rep.incarnations]
     iter_ends = {inst.instance_id: np.asarray(inst.iter_end, dtype=np.float64) for _, inst in incs}
@@ -446,6 +456,10 @@ def _result(
         + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
         **prefix_summary(
             [i.kv for i in insts], replicas=[replica_of[i.instance_id] for i in insts], end=sim_s
+        ),
+        "prefix_caching": caching_asked(
+            [i.kv for i in insts],
+            [gcfgs[rep.spec.group].instance.prefix_caching for rep, _ in incs],
         ),
     }
     summary = summarize_columns(
