@@ -38,7 +38,6 @@ from sloserve.cluster.cluster import Cluster
 from sloserve.cluster.config import ClusterConfig
 from sloserve.cluster.controller import Controller, UtilisationAutoscaler
 from sloserve.cluster.models import ModelRegistry, model_name_of
-from sloserve.cluster.qlm import HardwareProfile, QLMHooks, QLMRouter, profile_replica
 from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
@@ -50,6 +49,7 @@ from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.gc_freeze import frozen
 from sloserve.experiments.kv_choice import caching_asked
+from sloserve.experiments.lazy_qlm import is_qlm
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -68,6 +68,8 @@ from sloserve.workloads.spec import Workload
 
 if TYPE_CHECKING:  # pandas is imported when a table is first read (start-up time)
     import pandas as pd
+
+    from sloserve.cluster.qlm import HardwareProfile, QLMHooks
 
 
 class RunWatch(Protocol):
@@ -274,7 +276,7 @@ def simulate_cluster(
     _bind_router(router, profiles[0], gcfgs[0], reqs)
     # A router that is also a controller (QLM's) is the cluster's controller.
     controller: Any = UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None
-    if isinstance(router, QLMRouter):
+    if is_qlm(router):
         if controller is not None or pd:
             raise ConfigError(
                 f"cluster.router: {ccfg.router!r} plans the cluster itself; it does not "
@@ -297,7 +299,7 @@ def simulate_cluster(
         kv_transfer=_kv_transfer(ccfg, profiles) if pd else None,
         decode_router=decode_router,
     )
-    if isinstance(router, QLMRouter):
+    if is_qlm(router):
         router.bind(qlm_hooks(clu, reqs, gcfgs, registry))
     for f in ccfg.failures:
         clu.schedule_failure(f.replica, f.at_s, f.recover_s)
@@ -336,6 +338,8 @@ def qlm_hooks(
     """QLM's view beyond the ClusterView: submitted requests by id, each replica's RCT
     constants (a profiling batch on a fresh copy of it, once per profile) and model load
     times (warm from CPU memory when the replica held the model before)."""
+    from sloserve.cluster.qlm import QLMHooks, profile_replica
+
     by_id: dict[int | str, Request] = {r.req_id: r for r in reqs}
     profiles: dict[str, HardwareProfile] = {}
     loader = _Loader(registry)
@@ -520,7 +524,7 @@ def _result(
     if reqs:
         ok = np.asarray(cols["deadline_ok"], dtype=np.float64)
         summary["deadline_attainment_by_class"] = rates_by(cols["class"], ok)
-    if isinstance(clu.router, QLMRouter):
+    if is_qlm(clu.router):
         summary["qlm"] = clu.router.summary()
     summary["wall_seconds"] = time.perf_counter() - t0
     iter_end = iter_ends.get(0, np.empty(0))
