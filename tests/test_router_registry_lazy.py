@@ -4,6 +4,7 @@ interpreter. Each check runs in its own interpreter (the test process has import
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ def run(code: str) -> str:
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
-        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "PYTHONPATH": SRC},
         check=False,
     )
     assert res.returncode == 0, res.stderr
