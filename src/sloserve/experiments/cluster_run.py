@@ -194,12 +194,13 @@ def simulate_cluster(
     ccfg = cluster or ClusterConfig()
     ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
     gcfgs = group_configs(cfg, ccfg)
+    read = functools.cache(load_profile)  # one YAML read per profile and run
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
         workload = Workload(list(requests), [], cfg.workload.batch_jobs)
     else:
-        workload = workload_of(cfg)
+        workload = workload_of(cfg, read(cfg.instance.profile))
     # Requests built here are this run's own: only a caller's need copying.
     reqs = fresh(workload.requests) if requests is not None else list(workload.requests)
     groups = ccfg.group_of()
@@ -207,8 +208,8 @@ def simulate_cluster(
     specs = []
     for rid, gi in enumerate(groups):
         g, gcfg = ccfg.replicas[gi], gcfgs[gi]
-        if gi not in profiles:  # one YAML read per group, not per replica
-            profiles[gi] = load_profile(gcfg.instance.profile)
+        if gi not in profiles:
+            profiles[gi] = read(gcfg.instance.profile)
         model = g.model or model_name_of(profiles[gi])
         specs.append(
             ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s, g.role)
@@ -329,7 +330,7 @@ def simulate_cluster(
         if left and horizon != math.inf
         else max([r.finish_time or 0.0 for r in reqs] + [0.0])
     )
-    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0, gcfgs)
+    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0, gcfgs, read)
 
 
 def qlm_hooks(
@@ -424,6 +425,7 @@ def _result(
     feeder: _BatchFeeder | None,
     t0: float,
     gcfgs: Sequence[SimConfig],
+    read: Callable[[str], ReplicaProfile],
 ) -> ClusterRunResult:
     incs = [(rep, inst) for rep in clu.replicas for inst in rep.incarnations]
     iter_ends = {inst.instance_id: np.asarray(inst.iter_end, dtype=np.float64) for _, inst in incs}
@@ -438,7 +440,7 @@ def _result(
     tps: dict[str, int] = {}
     for rep in clu.replicas:
         if rep.spec.profile not in tps:
-            tps[rep.spec.profile] = load_profile(rep.spec.profile).tp
+            tps[rep.spec.profile] = read(rep.spec.profile).tp
     up = [rep.gpu_seconds(sim_s) for rep in clu.replicas]
     gpu = [u * tps[rep.spec.profile] for rep, u in zip(clu.replicas, up, strict=True)]
     prices = [ccfg.replicas[rep.spec.group].gpu_hour_usd for rep in clu.replicas]

@@ -274,9 +274,11 @@ def build_instance(
     )
 
 
-def workload_of(cfg: SimConfig) -> Workload:
-    """The workload ``cfg`` describes (sampled lengths clipped to the model's context)."""
-    profile = load_profile(cfg.instance.profile)
+def workload_of(cfg: SimConfig, profile: ReplicaProfile | None = None) -> Workload:
+    """The workload ``cfg`` describes (sampled lengths clipped to the model's context);
+    ``profile``: ``cfg.instance.profile`` already loaded (one YAML read per run)."""
+    if profile is None:
+        profile = load_profile(cfg.instance.profile)
     return build_workload(cfg.workload, max_context=profile.model.max_context)
 
 
@@ -319,12 +321,13 @@ def simulate(
     the config's workload; closed-loop batch jobs come from the workload (or the config).
     """
     t0 = time.perf_counter()
+    profile = load_profile(cfg.instance.profile)  # read once: the workload and the replica
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
         workload = Workload(list(requests), [], cfg.workload.batch_jobs)
     else:
-        workload = workload_of(cfg)
+        workload = workload_of(cfg, profile)
     # Requests built here are this run's own: only a caller's need copying.
     reqs = fresh(workload.requests) if requests is not None else list(workload.requests)
     env = Environment()
@@ -333,6 +336,7 @@ def simulate(
         env,
         check_invariants=check_invariants,
         executor=executor,
+        profile=profile,
         prefix_identities=carries_prefix_identity(reqs, workload.sessions),
     )
     feeder = (
