@@ -229,18 +229,48 @@ def first_pick(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
     return cand[0]
 
 
-def lowest_pick() -> Picker:
-    """Lowest score; ties are taken in rotation (deterministic)."""
-    turn = [0]
+class _Lowest:
+    """The lowest-score picker (:func:`lowest_pick`); :meth:`take` is its rotation over
+    the tied candidates, which the pipeline's one-scorer path calls directly."""
 
-    def lowest(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
+    __slots__ = ("turn",)
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def __call__(self, cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
         lim = min(scores) + 1e-12
-        tied = [c for c, s in zip(cand, scores, strict=True) if s <= lim]
-        pick = tied[turn[0] % len(tied)]
-        turn[0] += 1
+        return self.take([c for c, s in zip(cand, scores, strict=True) if s <= lim])
+
+    def take(self, tied: list[ReplicaView]) -> ReplicaView:
+        pick = tied[self.turn % len(tied)]
+        self.turn += 1
         return pick
 
-    return lowest
+
+def lowest_pick() -> Picker:
+    """Lowest score; ties are taken in rotation (deterministic)."""
+    return _Lowest()
+
+
+def _one_scorer_lowest(
+    req: RouteRequest, cand: list[ReplicaView], s: Scorer, picker: _Lowest
+) -> ReplicaView | None:
+    """The pick of one positively weighted scorer and the lowest picker, in one pass over
+    the costs; None (nothing changed) when a cost is not finite. The same pick as
+    normalising then picking: the lowest total is 0 (at the lowest cost), so the tied
+    candidates are those whose ``weight · (cost − lo) / span`` is at most 1e-12 (the very
+    expression the total holds), or all of them when every cost is equal."""
+    fn = s.fn
+    raw = [float(fn(req, r)) for r in cand]
+    t = sum(raw)
+    if t - t != 0.0:  # an inf or a nan: the general path
+        return None
+    lo, hi = min(raw), max(raw)
+    if lo == hi:
+        return picker.take(cand)
+    span, w = hi - lo, s.weight
+    return picker.take([c for c, v in zip(cand, raw, strict=True) if w * (v - lo) / span <= 1e-12])
 
 
 def rotation_pick() -> Picker:
@@ -326,7 +356,14 @@ class PipelineRouter(Router):
                 if not cand:
                     return Hold("no_replica" if first else self.hold_reason)
                 first = False
-            return self.picker(cand, normalised_scores(req, cand, self.scorers)).replica_id
+            picker, scorers = self.picker, self.scorers
+            # One scorer and the lowest picker (least-outstanding, least-kv): one pass over
+            # the candidates, which a many-replica cluster pays on every arrival.
+            if type(picker) is _Lowest and len(scorers) == 1 and 0 < scorers[0].weight < math.inf:
+                pick = _one_scorer_lowest(req, cand, scorers[0], picker)
+                if pick is not None:
+                    return pick.replica_id
+            return picker(cand, normalised_scores(req, cand, scorers)).replica_id
         cand = list(view.serving(req.model))
         for i, f in enumerate(self.filters):
             cand = f(req, cand)
