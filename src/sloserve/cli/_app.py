@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 
 from sloserve.cli._bounded import _field_at, default_text, polish_params
+from sloserve.cli._console import lazy_console
 from sloserve.cli._options import _DEFAULT_RATE, _FLAG_OPTIONS, _FLAG_PATHS, WorkloadOpt
 from sloserve.config import (
     apply_vllm_names,
@@ -60,9 +60,10 @@ def _root(
     load_plugins(plugin or ())
 
 
-# Wide enough for the comparison table when output goes to a file or a CI log.
-console = Console(width=None if sys.stdout.isatty() else 140)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+# Wide enough for the comparison table when output goes to a file or a CI log; built on
+# first use (cli/_console.py: a --json run never imports rich's console).
+console = lazy_console(width=140)
+err_console = lazy_console(stderr=True, width=400)
 
 
 def _speed(v: str) -> float | str:

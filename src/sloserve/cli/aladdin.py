@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import app, console, reproduce_app
 from sloserve.cli._bounded import bounded
+from sloserve.cli._console import new_table
 from sloserve.core.bounds import Fraction, Millis
 from sloserve.core.errors import ConfigError
 
@@ -49,7 +49,7 @@ def aladdin_fit(
         sys.stdout.write(json.dumps(m.report(), indent=2) + "\n")
         return
     console.print(m.source, style="dim", highlight=False)
-    t = Table("model", "fit", "max error", "mean error", title="Aladdin §3 performance models")
+    t = new_table("model", "fit", "max error", "mean error", title="Aladdin §3 performance models")
     t.add_row(
         "KV (Eq. 1)",
         f"kv = {m.h:.4g}·(l_in+l_out) + {m.j:.4g} GiB",
@@ -133,7 +133,7 @@ def aladdin_config(
     if as_json:
         sys.stdout.write(json.dumps(wc.report(), indent=2) + "\n")
         return
-    t = Table(
+    t = new_table(
         "GPUs/worker",
         "KV tokens",
         "KV batch",
@@ -189,11 +189,13 @@ def reproduce_aladdin(
         split = None if plan.split_rates is None else (max(chosen),)
         plan = dataclasses.replace(plan, rates=chosen, split_rates=split)
     rep = reproduce(plan, out)
-    t = Table("scenario", "arm", "rate", "GPUs", "attainment", title="GPUs needed for the SLOs")
+    t = new_table("scenario", "arm", "rate", "GPUs", "attainment", title="GPUs needed for the SLOs")
     for r in rep.gpus.itertuples():
         t.add_row(str(r.scenario), str(r.arm), f"{r.rate:g}", str(r.gpus), f"{r.attainment:.1%}")
     console.print(t)
-    h = Table("scenario", "comparison", "ours", "paper", title="Headline: GPU change of Aladdin")
+    h = new_table(
+        "scenario", "comparison", "ours", "paper", title="Headline: GPU change of Aladdin"
+    )
     for sc, d in rep.headline["ours"].items():
         for k, v in d.items():
             paper = rep.headline["paper"].get(k)
@@ -217,7 +219,7 @@ def _print_extras(rep: Reproduction) -> None:
     import pandas as pd
 
     if rep.testbed is not None:
-        t = Table(
+        t = new_table(
             "scenario",
             "arm",
             "rate",
@@ -237,7 +239,7 @@ def _print_extras(rep: Reproduction) -> None:
             )
         console.print(t)
     al = rep.gpus[rep.gpus["arm"] == "aladdin"]
-    t = Table(
+    t = new_table(
         "scenario",
         "rate",
         "workers",
@@ -256,7 +258,7 @@ def _print_extras(rep: Reproduction) -> None:
             )
     console.print(t)
     if rep.whatif is not None:
-        t = Table(
+        t = new_table(
             "scenario",
             "extra µs per all-reduce",
             "lone decode (ms)",
@@ -280,7 +282,7 @@ def _print_extras(rep: Reproduction) -> None:
         console.print(t)
     if rep.planner_gap is not None:
         cols = [c for c in rep.planner_gap.columns if c != "scenario"]
-        t = Table("scenario", *cols, title="Item 9: Eq. 7's GPUs vs the capacity planner's")
+        t = new_table("scenario", *cols, title="Item 9: Eq. 7's GPUs vs the capacity planner's")
         for r in rep.planner_gap.itertuples(index=False):
             t.add_row(*(f"{v:g}" if isinstance(v, float) else str(v) for v in r))
         console.print(t)

@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import console, reproduce_app
 from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt, bounded
+from sloserve.cli._console import new_table
 from sloserve.cli._options import ExecutorOpt
 from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import Seconds
 
 if TYPE_CHECKING:
     import pandas as pd
+    from rich.table import Table
 
 
 @reproduce_app.command("andes")
@@ -86,7 +87,7 @@ def reproduce_andes(
             sustained_table(rep.headline), "Largest burst intensity sustained at mean QoE >= 0.95"
         )
     )
-    cap = Table("scenario", "requests/s", title="Capacity without bursts (vLLM, all queued)")
+    cap = new_table("scenario", "requests/s", title="Capacity without bursts (vLLM, all queued)")
     for scen, v in rep.capacity.items():
         cap.add_row(scen, f"{v:.2f}")
     console.print(cap)
@@ -111,7 +112,7 @@ def _table(df: pd.DataFrame, title: str) -> Table:
     """A data frame as a rich table: text left, numbers right at 3 decimals, NaN as '-'."""
     import pandas as pd
 
-    t = Table(title=title)
+    t = new_table(title=title)
     for c in df.columns:
         numeric = pd.api.types.is_numeric_dtype(df[c])
         t.add_column(str(c).replace("_", " "), justify="right" if numeric else "left")

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 from pydantic import Field
-from rich.table import Table
 
 from sloserve.cli._app import console, reproduce_app
 from sloserve.cli._bounded import WorkersOpt, WorkloadSeedOpt, bounded
+from sloserve.cli._console import new_table
 from sloserve.cli._options import ExecutorOpt
 from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import MAX_SECONDS, Count
@@ -186,7 +186,7 @@ def reproduce_bros(
     caps = {k: round(v, 2) for k, v in rep.capacity.items()}
     console.print(f"RT capacity (requests/s, vLLM, all queued): {caps}", highlight=False)
     ours = rep.headline["ours"]
-    t = Table("headline", "ours", "paper")
+    t = new_table("headline", "ours", "paper")
     for key, paper in PAPER.items():
         t.add_row(key, _fmt(ours.get(key)), f"{paper:g}")
     console.print(t)

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import app, console, err_console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._console import new_table
 from sloserve.cli._options import ExecutorOpt
 from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import Count, Fraction, UnitInterval, Workers
@@ -250,7 +250,7 @@ def _fmt(v: Any, spec: str = ".3g") -> str:
 def _print(res: Any, info: dict[str, Any], out: Path, executor: str) -> None:
     a = res.answers
     if res.question == "max-rate":
-        t = Table(title="Highest sustained rate of the fixed cluster")
+        t = new_table(title="Highest sustained rate of the fixed cluster")
         cols = [
             "router",
             "policy",
@@ -262,7 +262,7 @@ def _print(res: Any, info: dict[str, Any], out: Path, executor: str) -> None:
             "monotone",
         ]
     else:
-        t = Table(title="Fewest GPUs meeting the SLO target")
+        t = new_table(title="Fewest GPUs meeting the SLO target")
         cols = [
             "profile",
             "router",

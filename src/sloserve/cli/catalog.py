@@ -6,9 +6,8 @@ built-in replica profiles.
 
 from __future__ import annotations
 
-from rich.table import Table
-
 from sloserve.cli._app import app, console
+from sloserve.cli._console import new_table
 
 
 @app.command("policies")
@@ -16,7 +15,7 @@ def list_policies() -> None:
     """List the scheduling policies."""
     from sloserve.policies.registry import policy_summaries
 
-    t = Table("policy", "what it is")
+    t = new_table("policy", "what it is")
     t.columns[0].no_wrap = True
     for name, summary in policy_summaries().items():
         t.add_row(name, summary)
@@ -28,7 +27,7 @@ def list_routers() -> None:
     """List the cluster routers (for --router / --routers and cluster.router)."""
     from sloserve.cluster.routing import router_summaries
 
-    t = Table("router", "how it picks")
+    t = new_table("router", "how it picks")
     t.columns[0].no_wrap = True
     for name, summary in router_summaries().items():
         t.add_row(name, summary)
@@ -40,7 +39,7 @@ def list_profiles() -> None:
     """List the built-in replica profiles with their KV capacity at 0.9 utilisation."""
     from sloserve.costmodel.profile import load_profile, profile_names
 
-    t = Table("profile", "model", "GPU", "TP", "M (tokens)", "decode 1 / 32 req (ms)")
+    t = new_table("profile", "model", "GPU", "TP", "M (tokens)", "decode 1 / 32 req (ms)")
     t.columns[0].no_wrap = True
     for col in t.columns[1:]:
         col.overflow = "fold"

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import app, console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._console import new_table
 from sloserve.core.bounds import Count, Degree, Fraction, Index, Millis, Workers
 from sloserve.core.errors import SloserveError
 
@@ -65,7 +65,7 @@ def costmodel_show(
             f"prefill {p['tokens']} tokens: {p['seconds'] * 1e3:.1f} ms "
             f"({p['tokens_per_s']:,.0f} tokens/s)"
         )
-    t = Table("decode step (ms)", *(f"ctx {c}" for c in d["decode"]["contexts"]))
+    t = new_table("decode step (ms)", *(f"ctx {c}" for c in d["decode"]["contexts"]))
     for b, row, fits in zip(
         d["decode"]["batch_sizes"], d["decode"]["step_ms"], d["decode"]["fits_kv"], strict=True
     ):
@@ -74,7 +74,7 @@ def costmodel_show(
             *(f"{v:.1f}" + ("" if ok else " (>M)") for v, ok in zip(row, fits, strict=True)),
         )
     console.print(t)
-    t2 = Table(
+    t2 = new_table(
         f"context (TPOT {d['max_batch_for_tpot']['tpot_ms']:g} ms)", "max batch", "limited by"
     )
     for r in d["max_batch_for_tpot"]["per_context"]:

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import _build_config, app, console, reproduce_app
 from sloserve.cli._bounded import bounded
+from sloserve.cli._console import new_table
 from sloserve.cli._options import _WORKLOAD_FLAGS, ConfigOpt, ExecutorOpt, _with_flags
 from sloserve.cli._progress import progress_bar, timed_bar
 from sloserve.core.bounds import Count, Index, Percent, Seconds, Seed, Tokens, Workers
@@ -382,7 +382,7 @@ def reproduce_infermax(
         highlight=False,
         soft_wrap=True,
     )
-    t = Table("§", "finding", "paper", "ours", title="InferMax: the paper's findings and ours")
+    t = new_table("§", "finding", "paper", "ours", title="InferMax: the paper's findings and ours")
     for r in rep.findings.itertuples(index=False):
         t.add_row(str(r.section), str(r.finding), str(r.paper), str(r.ours))
     console.print(t)

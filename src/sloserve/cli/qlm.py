@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import console, reproduce_app
 from sloserve.cli._bounded import WorkloadSeedOpt
+from sloserve.cli._console import new_table
 from sloserve.cli._progress import progress_bar
 
 
@@ -47,7 +47,7 @@ def reproduce_qlm(
     plan = Plan.quick(seed) if quick else Plan.full(seed)
     with progress_bar("qlm runs") as bar:
         rep = reproduce(plan, out, progress=bar)
-    t = Table(title="Deadline attainment and throughput by workload and system")
+    t = new_table(title="Deadline attainment and throughput by workload and system")
     for c in ("workload", "system", "attain", "rt", "be", "tokens/s", "cold", "warm"):
         t.add_column(c)
     for r in system_table(rep.results).itertuples():
@@ -62,7 +62,7 @@ def reproduce_qlm(
             f"{r.model_loads_warm:.0f}",
         )
     console.print(t)
-    g = Table(title="Group size trade-off (QLM on W_B)")
+    g = new_table(title="Group size trade-off (QLM on W_B)")
     for c in ("group_size_factor", "attainment", "plan calls", "solve s"):
         g.add_column(c)
     for r in group_size_table(rep.results).itertuples():
@@ -73,7 +73,7 @@ def reproduce_qlm(
             f"{r.plan_solve_s:.3f}",
         )
     console.print(g)
-    b = Table(title="Burstiness (W_B, inter-arrival CV; 1 = Poisson)")
+    b = new_table(title="Burstiness (W_B, inter-arrival CV; 1 = Poisson)")
     for c in ("CV", "system", "attain", "rt", "tokens/s"):
         b.add_column(c)
     for r in burst_table(rep.results).itertuples():
@@ -85,7 +85,7 @@ def reproduce_qlm(
             f"{r.throughput_tokens_per_s:.0f}",
         )
     console.print(b)
-    w = Table(title="Sweeps (§8.3): queue = W_B rate, tail = W_A tail share, a10 = A10 share, "
+    w = new_table(title="Sweeps (§8.3): queue = W_B rate, tail = W_A tail share, a10 = A10 share, "
               "mega = W_C mega-prompt share")  # fmt: skip
     for c in ("sweep", "x", "system", "attain", "rt", "tokens/s"):
         w.add_column(c)
@@ -99,7 +99,7 @@ def reproduce_qlm(
             f"{r.throughput_tokens_per_s:.0f}",
         )
     console.print(w)
-    h = Table(title="Headline: ours vs the paper")
+    h = new_table(title="Headline: ours vs the paper")
     for c in ("claim", "setting", "ours", "paper", "reproduced"):
         h.add_column(c)
     for c in rep.headline["claims"]:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import console, err_console, reproduce_app
 from sloserve.cli._bounded import WorkloadSeedOpt
+from sloserve.cli._console import new_table
 from sloserve.core.errors import ConfigError
 
 
@@ -51,7 +51,9 @@ def reproduce_all_command(
         soft_wrap=True,
     )
     h = reproduce_all(out, quick=quick, seed=seed, papers=papers, progress=progress)
-    t = Table("paper", "claim", "paper", "ours", "ratio", "sign", "half", title="Headline claims")
+    t = new_table(
+        "paper", "claim", "paper", "ours", "ratio", "sign", "half", title="Headline claims"
+    )
     for row in h.to_json()["claims"]:
         pct = row["unit"] == "%"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import app, console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._console import new_table
 from sloserve.cli._options import ExecutorOpt
 from sloserve.cli._progress import progress_bar
 from sloserve.core.bounds import Workers
@@ -96,7 +96,7 @@ def sweep(
         soft_wrap=True,
     )
     params = [c for c in res.table.columns if c in set(spec.grid) | _point_keys(spec)]
-    t = Table(title=f"Pareto front: {x} ({xd}) vs {y} ({yd})")
+    t = new_table(title=f"Pareto front: {x} ({xd}) vs {y} ({yd})")
     for c in [*params, x, y]:
         t.add_column(c, justify="right")
     for r in res.front.to_dict("records"):

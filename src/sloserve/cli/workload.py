@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from sloserve.cli._app import _build_config, app, console
 from sloserve.cli._bounded import bounded
+from sloserve.cli._console import new_table
 from sloserve.cli._options import _WORKLOAD_FLAGS, ConfigOpt, _with_flags
 from sloserve.core.bounds import Seconds
 
@@ -64,7 +64,9 @@ def workload_describe(
     if as_json:
         sys.stdout.write(json.dumps(jsonable(stats), indent=2) + "\n")
         return
-    t = Table(title=f"{stats['requests']} requests over {stats['span_s']:.1f} s", show_header=True)
+    t = new_table(
+        title=f"{stats['requests']} requests over {stats['span_s']:.1f} s", show_header=True
+    )
     t.add_column("tokens", no_wrap=True)
     for h in ("mean", "std", "p50", "p90", "p99", "max"):
         t.add_column(h, justify="right", overflow="fold")

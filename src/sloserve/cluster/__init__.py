@@ -105,8 +105,6 @@ __all__ = [
     "text_block_ids",
 ]
 
-# Aladdin's router registers itself (it lives in its own package, above routing).
-import sloserve.cluster.aladdin.router  # noqa: F401
-
-# Registers the qlm, edf and fcfs routers (after routing, which it builds on).
-from sloserve.cluster import qlm  # noqa: F401
+# Aladdin's router and QLM's (qlm, edf, fcfs, ...) register themselves when their packages
+# are imported: ``cluster/routing.py`` does so the first time one of their names is asked
+# for (start-up time: a run with another router never imports them).

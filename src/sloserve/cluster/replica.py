@@ -21,6 +21,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sloserve.cluster.view import ReplicaStatus, RouteRequest
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
@@ -109,13 +111,22 @@ class Replica:
         return None
 
     def kv_usage_mean(self) -> float | None:
-        num = den = 0.0
+        """KV usage weighted by iteration time over every decision of every incarnation.
+
+        The sums run left to right over all of them, as a Python loop adding ``used / nb
+        * d`` and ``d`` one by one would (``np.cumsum`` adds sequentially, and the
+        elementwise steps are the same IEEE operations): the same floats, without a
+        Python step per decision."""
+        parts, durs = [np.zeros(1)], [np.zeros(1)]  # the loop's 0.0 start
         for inst in self.incarnations:
             tr = inst.trace
-            nb = inst.kv.num_blocks
-            for used, d in zip(tr.kv_used_blocks, tr.duration, strict=True):
-                num += used / nb * d
-                den += d
+            if len(tr.kv_used_blocks) != len(tr.duration):
+                raise ValueError("the instance trace's columns differ in length")
+            d = np.asarray(tr.duration, dtype=np.float64)
+            parts.append(np.asarray(tr.kv_used_blocks, dtype=np.float64) / inst.kv.num_blocks * d)
+            durs.append(d)
+        num = float(np.cumsum(np.concatenate(parts))[-1])
+        den = float(np.cumsum(np.concatenate(durs))[-1])
         return num / den if den > 0 else None
 
 

@@ -50,9 +50,11 @@ Choices where the papers are vague (all parameters, see :func:`make_router`):
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 import random
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -180,7 +182,25 @@ def normalised_scores(
     score per candidate (all 0 for a scorer that does not decide)."""
     total = [0.0] * len(cand)
     for s in scorers:
-        raw = [float(s.fn(req, r)) for r in cand]
+        fn = s.fn
+        raw = [float(fn(req, r)) for r in cand]
+        t = sum(raw)
+        if t - t == 0.0:  # every cost finite (an inf or a nan makes the sum non-finite)
+            # The common case, once over the costs (a router scores every arrival): the
+            # very same arithmetic as below, without the finite-cost bookkeeping.
+            lo, hi = min(raw), max(raw)
+            if lo == hi:
+                if per_scorer is not None:
+                    per_scorer[s.name] = [0.0] * len(cand)
+                continue
+            span = hi - lo
+            if per_scorer is not None:
+                per_scorer[s.name] = [(v - lo) / span for v in raw]
+            w = s.weight
+            for k, v in enumerate(raw):
+                total[k] += w * (v - lo) / span
+            continue
+        # Some cost is not finite (or the sum overflowed): it counts as the worst.
         finite = [v for v in raw if math.isfinite(v)]
         if not finite or (len(finite) == len(raw) and min(finite) == max(finite)):
             if per_scorer is not None:
@@ -209,18 +229,48 @@ def first_pick(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
     return cand[0]
 
 
-def lowest_pick() -> Picker:
-    """Lowest score; ties are taken in rotation (deterministic)."""
-    turn = [0]
+class _Lowest:
+    """The lowest-score picker (:func:`lowest_pick`); :meth:`take` is its rotation over
+    the tied candidates, which the pipeline's one-scorer path calls directly."""
 
-    def lowest(cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
-        best = min(scores)
-        tied = [c for c, s in zip(cand, scores, strict=True) if s <= best + 1e-12]
-        pick = tied[turn[0] % len(tied)]
-        turn[0] += 1
+    __slots__ = ("turn",)
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def __call__(self, cand: list[ReplicaView], scores: list[float]) -> ReplicaView:
+        lim = min(scores) + 1e-12
+        return self.take([c for c, s in zip(cand, scores, strict=True) if s <= lim])
+
+    def take(self, tied: list[ReplicaView]) -> ReplicaView:
+        pick = tied[self.turn % len(tied)]
+        self.turn += 1
         return pick
 
-    return lowest
+
+def lowest_pick() -> Picker:
+    """Lowest score; ties are taken in rotation (deterministic)."""
+    return _Lowest()
+
+
+def _one_scorer_lowest(
+    req: RouteRequest, cand: list[ReplicaView], s: Scorer, picker: _Lowest
+) -> ReplicaView | None:
+    """The pick of one positively weighted scorer and the lowest picker, in one pass over
+    the costs; None (nothing changed) when a cost is not finite. The same pick as
+    normalising then picking: the lowest total is 0 (at the lowest cost), so the tied
+    candidates are those whose ``weight · (cost − lo) / span`` is at most 1e-12 (the very
+    expression the total holds), or all of them when every cost is equal."""
+    fn = s.fn
+    raw = [float(fn(req, r)) for r in cand]
+    t = sum(raw)
+    if t - t != 0.0:  # an inf or a nan: the general path
+        return None
+    lo, hi = min(raw), max(raw)
+    if lo == hi:
+        return picker.take(cand)
+    span, w = hi - lo, s.weight
+    return picker.take([c for c, v in zip(cand, raw, strict=True) if w * (v - lo) / span <= 1e-12])
 
 
 def rotation_pick() -> Picker:
@@ -298,16 +348,29 @@ class PipelineRouter(Router):
         """The decision; with ``explain`` (a dict), the same decision, and ``explain`` gets
         ``considered`` (accepting replica ids), ``candidates`` (after every filter),
         ``scores`` (scorer name -> normalised score per candidate) and ``total``."""
+        if explain is None:  # the common case: no bookkeeping per filter
+            cand = list(view.serving(req.model))
+            first = True
+            for f in self.filters:
+                cand = f(req, cand)
+                if not cand:
+                    return Hold("no_replica" if first else self.hold_reason)
+                first = False
+            picker, scorers = self.picker, self.scorers
+            # One scorer and the lowest picker (least-outstanding, least-kv): one pass over
+            # the candidates, which a many-replica cluster pays on every arrival.
+            if type(picker) is _Lowest and len(scorers) == 1 and 0 < scorers[0].weight < math.inf:
+                pick = _one_scorer_lowest(req, cand, scorers[0], picker)
+                if pick is not None:
+                    return pick.replica_id
+            return picker(cand, normalised_scores(req, cand, scorers)).replica_id
         cand = list(view.serving(req.model))
         for i, f in enumerate(self.filters):
             cand = f(req, cand)
-            if explain is not None and i == 0:
+            if i == 0:
                 explain["considered"] = [c.replica_id for c in cand]
             if not cand:
                 return Hold("no_replica" if i == 0 else self.hold_reason)
-        if explain is None:
-            scores = normalised_scores(req, cand, self.scorers)
-            return self.picker(cand, scores).replica_id
         per: dict[str, list[float]] = {}
         scores = normalised_scores(req, cand, self.scorers, per)
         explain["candidates"] = [c.replica_id for c in cand]
@@ -424,8 +487,28 @@ _ROUTERS: dict[str, tuple[RouterFactory, str]] = {
 }
 
 
+_LAZY: dict[str, str] = {
+    "aladdin": "sloserve.cluster.aladdin.router",
+    **dict.fromkeys(
+        ("qlm", "edf", "fcfs", "fcfs-swap", "edf-swap", "static-batch"), "sloserve.cluster.qlm"
+    ),
+}
+"""Routers registered by packages above this module, imported when one of their names is
+first asked for (start-up time: Aladdin's and QLM's packages cost ~0.1 s of CPU to import,
+which a run with another router never needs). Each package registers itself on import."""
+
+
+def _provide(name: str) -> None:
+    """Import the package that registers ``name`` if it is a lazy one not imported yet
+    (a package being imported is in ``sys.modules`` already: no recursion)."""
+    provider = _LAZY.get(name)
+    if provider is not None and provider not in sys.modules:
+        importlib.import_module(provider)
+
+
 def register_router(name: str, factory: RouterFactory, summary: str) -> None:
     """Add a router (extension point); a name already taken is an error."""
+    _provide(name)  # a lazily registered name is taken too, imported or not
     if name in _ROUTERS:
         raise ConfigError(f"router {name!r} is already registered")
     _ROUTERS[name] = (factory, summary)
@@ -433,6 +516,9 @@ def register_router(name: str, factory: RouterFactory, summary: str) -> None:
 
 def router_names() -> list[str]:
     """The names :func:`make_router` accepts, sorted."""
+    for provider in dict.fromkeys(_LAZY.values()):
+        if provider not in sys.modules:
+            importlib.import_module(provider)
     return sorted(_ROUTERS)
 
 
@@ -443,6 +529,7 @@ def router_summaries() -> dict[str, str]:
 
 def check_router(name: str, params: Mapping[str, Any] | None = None) -> RouterFactory:
     """The factory of ``name`` after checking ``params`` names against it."""
+    _provide(name)
     try:
         factory = _ROUTERS[name][0]
     except KeyError:

@@ -38,7 +38,6 @@ from sloserve.cluster.cluster import Cluster
 from sloserve.cluster.config import ClusterConfig
 from sloserve.cluster.controller import Controller, UtilisationAutoscaler
 from sloserve.cluster.models import ModelRegistry, model_name_of
-from sloserve.cluster.qlm import HardwareProfile, QLMHooks, QLMRouter, profile_replica
 from sloserve.cluster.replica import ReplicaSpec
 from sloserve.cluster.routing import make_router
 from sloserve.core.errors import ConfigError
@@ -49,6 +48,8 @@ from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.kv_choice import caching_asked
+from sloserve.experiments.lazy_qlm import is_qlm
 from sloserve.experiments.runner import (
     InstanceConfig,
     RunResult,
@@ -62,10 +63,13 @@ from sloserve.experiments.runner import (
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.run_summary import rates_by, summarize_columns
 from sloserve.metrics.summary import request_columns, table_of
+from sloserve.workloads.identity import carries_prefix_identity
 from sloserve.workloads.spec import Workload
 
 if TYPE_CHECKING:  # pandas is imported when a table is first read (start-up time)
     import pandas as pd
+
+    from sloserve.cluster.qlm import HardwareProfile, QLMHooks
 
 
 class RunWatch(Protocol):
@@ -190,12 +194,13 @@ def simulate_cluster(
     ccfg = cluster or ClusterConfig()
     ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
     gcfgs = group_configs(cfg, ccfg)
+    read = functools.cache(load_profile)  # one YAML read per profile and run
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
         workload = Workload(list(requests), [], cfg.workload.batch_jobs)
     else:
-        workload = workload_of(cfg)
+        workload = workload_of(cfg, read(cfg.instance.profile))
     # Requests built here are this run's own: only a caller's need copying.
     reqs = fresh(workload.requests) if requests is not None else list(workload.requests)
     groups = ccfg.group_of()
@@ -203,8 +208,8 @@ def simulate_cluster(
     specs = []
     for rid, gi in enumerate(groups):
         g, gcfg = ccfg.replicas[gi], gcfgs[gi]
-        if gi not in profiles:  # one YAML read per group, not per replica
-            profiles[gi] = load_profile(gcfg.instance.profile)
+        if gi not in profiles:
+            profiles[gi] = read(gcfg.instance.profile)
         model = g.model or model_name_of(profiles[gi])
         specs.append(
             ReplicaSpec(rid, gi, gcfg.instance.profile, gcfg.policy, model, g.start_s, g.role)
@@ -234,6 +239,8 @@ def simulate_cluster(
             f"(replica models: {', '.join(sorted(served))})"
         )
     env = Environment()
+    # Every replica, joining or recovering later too, sees only this run's requests.
+    ids = carries_prefix_identity(reqs, workload.sessions)
 
     def make_instance(spec: ReplicaSpec, instance_id: int) -> Instance:
         gcfg = gcfgs[spec.group]
@@ -241,7 +248,11 @@ def simulate_cluster(
             icfg = gcfg.instance.model_copy(update={"profile": spec.profile})
             gcfg = gcfg.model_copy(update={"instance": icfg})
             return build_instance(
-                gcfg, env, check_invariants=check_invariants, instance_id=instance_id
+                gcfg,
+                env,
+                check_invariants=check_invariants,
+                instance_id=instance_id,
+                prefix_identities=ids,
             )
         return build_instance(
             gcfg,
@@ -249,6 +260,7 @@ def simulate_cluster(
             check_invariants=check_invariants,
             instance_id=instance_id,
             profile=profiles[spec.group],
+            prefix_identities=ids,
         )
 
     rparams = dict(ccfg.router_params)
@@ -265,7 +277,7 @@ def simulate_cluster(
     _bind_router(router, profiles[0], gcfgs[0], reqs)
     # A router that is also a controller (QLM's) is the cluster's controller.
     controller: Any = UtilisationAutoscaler(ccfg.autoscaler) if ccfg.autoscaler else None
-    if isinstance(router, QLMRouter):
+    if is_qlm(router):
         if controller is not None or pd:
             raise ConfigError(
                 f"cluster.router: {ccfg.router!r} plans the cluster itself; it does not "
@@ -288,7 +300,7 @@ def simulate_cluster(
         kv_transfer=_kv_transfer(ccfg, profiles) if pd else None,
         decode_router=decode_router,
     )
-    if isinstance(router, QLMRouter):
+    if is_qlm(router):
         router.bind(qlm_hooks(clu, reqs, gcfgs, registry))
     for f in ccfg.failures:
         clu.schedule_failure(f.replica, f.at_s, f.recover_s)
@@ -318,7 +330,7 @@ def simulate_cluster(
         if left and horizon != math.inf
         else max([r.finish_time or 0.0 for r in reqs] + [0.0])
     )
-    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0)
+    return _result(cfg, ccfg, clu, reqs, sim_s, workload, feeder, t0, gcfgs, read)
 
 
 def qlm_hooks(
@@ -327,6 +339,8 @@ def qlm_hooks(
     """QLM's view beyond the ClusterView: submitted requests by id, each replica's RCT
     constants (a profiling batch on a fresh copy of it, once per profile) and model load
     times (warm from CPU memory when the replica held the model before)."""
+    from sloserve.cluster.qlm import QLMHooks, profile_replica
+
     by_id: dict[int | str, Request] = {r.req_id: r for r in reqs}
     profiles: dict[str, HardwareProfile] = {}
     loader = _Loader(registry)
@@ -410,6 +424,8 @@ def _result(
     workload: Workload,
     feeder: _BatchFeeder | None,
     t0: float,
+    gcfgs: Sequence[SimConfig],
+    read: Callable[[str], ReplicaProfile],
 ) -> ClusterRunResult:
     incs = [(rep, inst) for rep in clu.replicas for inst in rep.incarnations]
     iter_ends = {inst.instance_id: np.asarray(inst.iter_end, dtype=np.float64) for _, inst in incs}
@@ -424,7 +440,7 @@ def _result(
     tps: dict[str, int] = {}
     for rep in clu.replicas:
         if rep.spec.profile not in tps:
-            tps[rep.spec.profile] = load_profile(rep.spec.profile).tp
+            tps[rep.spec.profile] = read(rep.spec.profile).tp
     up = [rep.gpu_seconds(sim_s) for rep in clu.replicas]
     gpu = [u * tps[rep.spec.profile] for rep, u in zip(clu.replicas, up, strict=True)]
     prices = [ccfg.replicas[rep.spec.group].gpu_hour_usd for rep in clu.replicas]
@@ -446,6 +462,10 @@ def _result(
         + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
         **prefix_summary(
             [i.kv for i in insts], replicas=[replica_of[i.instance_id] for i in insts], end=sim_s
+        ),
+        "prefix_caching": caching_asked(
+            [i.kv for i in insts],
+            [gcfgs[rep.spec.group].instance.prefix_caching for rep, _ in incs],
         ),
     }
     summary = summarize_columns(
@@ -506,7 +526,7 @@ def _result(
     if reqs:
         ok = np.asarray(cols["deadline_ok"], dtype=np.float64)
         summary["deadline_attainment_by_class"] = rates_by(cols["class"], ok)
-    if isinstance(clu.router, QLMRouter):
+    if is_qlm(clu.router):
         summary["qlm"] = clu.router.summary()
     summary["wall_seconds"] = time.perf_counter() - t0
     iter_end = iter_ends.get(0, np.empty(0))

@@ -25,9 +25,9 @@ from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.executor import Executor
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
-from sloserve.engine.prefix_cache import PrefixCachingKVManager
 from sloserve.engine.prefix_stats import prefix_summary
 from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.kv_choice import caching_asked, replica_kv
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.qoe import consumption_times
 from sloserve.metrics.run_summary import summarize_columns
@@ -35,6 +35,7 @@ from sloserve.metrics.summary import request_columns, table_of, token_times
 from sloserve.policies.registry import make_policy
 from sloserve.workloads.arrivals import ConstantArrivals
 from sloserve.workloads.batch_jobs import batch_job_requests
+from sloserve.workloads.identity import carries_prefix_identity
 from sloserve.workloads.spec import (
     BatchJobs,
     Workload,
@@ -218,11 +219,15 @@ def build_instance(
     instance_id: int = 0,
     profile: ReplicaProfile | None = None,
     executor: Executor | None = None,
+    prefix_identities: bool = True,
 ) -> Instance:
     """The replica of ``cfg``: profile, limits, policy and predictor wired together.
 
     ``profile`` is ``cfg.instance.profile`` already loaded (a cluster builds many
-    instances of one profile: reading its YAML once is enough)."""
+    instances of one profile: reading its YAML once is enough). ``prefix_identities``
+    False: no request this replica can ever see carries a prompt identity, so it gets the
+    plain paged manager even with caching on (``experiments/kv_choice.py``: identical
+    results, less bookkeeping); only a run that knows all its requests may say so."""
     icfg = cfg.instance
     if profile is None:
         profile = load_profile(icfg.profile)
@@ -244,14 +249,15 @@ def build_instance(
         block_size=bs,
     )
     cpu_blocks = int(icfg.cpu_swap_gib * GIB // (profile.kv_bytes_per_token * bs))
-    kv = policy.make_kv(limits, cpu_blocks)  # a policy's own manager (BROS) opts out
-    if kv is None and icfg.prefix_caching:
-        kv = PrefixCachingKVManager(
-            limits.kv_capacity_tokens // bs,
-            bs,
-            cpu_blocks,
-            cpu_cache_blocks=int(icfg.cpu_cache_gib * GIB // (profile.kv_bytes_per_token * bs)),
-        )
+    kv = replica_kv(
+        policy.make_kv(limits, cpu_blocks),  # a policy's own manager (BROS) opts out
+        caching=icfg.prefix_caching,
+        prefix_identities=prefix_identities,
+        num_blocks=limits.kv_capacity_tokens // bs,
+        block_size=bs,
+        cpu_blocks=cpu_blocks,
+        cpu_cache_blocks=int(icfg.cpu_cache_gib * GIB // (profile.kv_bytes_per_token * bs)),
+    )
     return Instance(
         env,
         policy,
@@ -268,9 +274,11 @@ def build_instance(
     )
 
 
-def workload_of(cfg: SimConfig) -> Workload:
-    """The workload ``cfg`` describes (sampled lengths clipped to the model's context)."""
-    profile = load_profile(cfg.instance.profile)
+def workload_of(cfg: SimConfig, profile: ReplicaProfile | None = None) -> Workload:
+    """The workload ``cfg`` describes (sampled lengths clipped to the model's context);
+    ``profile``: ``cfg.instance.profile`` already loaded (one YAML read per run)."""
+    if profile is None:
+        profile = load_profile(cfg.instance.profile)
     return build_workload(cfg.workload, max_context=profile.model.max_context)
 
 
@@ -313,16 +321,24 @@ def simulate(
     the config's workload; closed-loop batch jobs come from the workload (or the config).
     """
     t0 = time.perf_counter()
+    profile = load_profile(cfg.instance.profile)  # read once: the workload and the replica
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
         workload = Workload(list(requests), [], cfg.workload.batch_jobs)
     else:
-        workload = workload_of(cfg)
+        workload = workload_of(cfg, profile)
     # Requests built here are this run's own: only a caller's need copying.
     reqs = fresh(workload.requests) if requests is not None else list(workload.requests)
     env = Environment()
-    inst = build_instance(cfg, env, check_invariants=check_invariants, executor=executor)
+    inst = build_instance(
+        cfg,
+        env,
+        check_invariants=check_invariants,
+        executor=executor,
+        profile=profile,
+        prefix_identities=carries_prefix_identity(reqs, workload.sessions),
+    )
     feeder = (
         _BatchFeeder(cfg, workload.batch_jobs, env, inst, reqs) if workload.batch_jobs else None
     )
@@ -364,6 +380,7 @@ def simulate(
             "workload_notes": workload.notes
             + ([f"batch jobs stopped: {feeder.stopped}"] if feeder and feeder.stopped else []),
             **prefix_summary([inst.kv], end=sim_s),
+            "prefix_caching": caching_asked([inst.kv], [cfg.instance.prefix_caching]),
         },
     )
     summary["wall_seconds"] = time.perf_counter() - t0

@@ -6,11 +6,13 @@ as a mapping of name -> sequence (lists or arrays), so a run that writes no tabl
 :func:`~sloserve.metrics.summary.summarize` hands a DataFrame's columns to it. The numbers are
 pandas' own for the same table: NaN dropped before each statistic, means as numpy's
 pairwise sum over the kept values divided by their count (what pandas does without
-bottleneck), quantiles by ``np.percentile`` (linear), groups in sorted key order.
+bottleneck), quantiles as ``np.percentile`` (linear) computes them (:func:`percentile`),
+groups in sorted key order.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,11 +35,34 @@ def _mean(v: NDArray[np.float64]) -> float | None:
     return float(v.sum() / v.size) if v.size else None
 
 
+def percentile(sorted_v: NDArray[np.float64], p: float) -> float:
+    """``np.percentile(v, p)`` (its default ``linear`` method) of the NaN-free values
+    ``sorted_v`` in ascending order, computed as numpy computes it: the virtual index
+    ``(n - 1) · p / 100``, its floor ``i`` and ``t = index − i``, then numpy's ``_lerp``
+    between ``v[i]`` and ``v[i + 1]`` (``a + (b − a)·t``, or ``b − (b − a)·(1 − t)`` when
+    ``t ≥ 0.5``); an index at or past the last value interpolates the last value with
+    itself, as numpy does (an infinite one gives NaN there, as in numpy). The same floats
+    (``tests/test_run_summary_percentile.py``), without what ``np.percentile`` costs a
+    ``--json`` run: its ``np.unique`` imports ``numpy.ma`` (~11 ms of CPU at start-up)."""
+    n = sorted_v.size
+    vi = (n - 1) * (p / 100)
+    if vi >= n - 1:  # numpy's indexes -1 and -1: the last value, t = vi + 1
+        i = -1
+        a = b = float(sorted_v[-1])
+    else:
+        i = math.floor(vi)
+        a, b = float(sorted_v[i]), float(sorted_v[i + 1])
+    t = vi - i
+    d = b - a
+    return b - d * (1 - t) if t >= 0.5 else a + d * t
+
+
 def _stats(prefix: str, v: NDArray[np.float64], out: dict[str, Any]) -> None:
     v = v[~np.isnan(v)]
     out[f"{prefix}_mean"] = float(v.mean()) if v.size else None
+    s = np.sort(v)
     for p in _PCTS:
-        out[f"{prefix}_p{p}"] = float(np.percentile(v, p)) if v.size else None
+        out[f"{prefix}_p{p}"] = percentile(s, p) if v.size else None
 
 
 def rates_by(
@@ -85,7 +110,7 @@ def summarize_columns(
     q = _floats(cols, "qoe")
     q = q[~np.isnan(q)]
     out["qoe_mean"] = float(q.sum() / q.size) if q.size else None
-    out["qoe_p10"] = float(np.percentile(q, 10)) if q.size else None
+    out["qoe_p10"] = percentile(np.sort(q), 10) if q.size else None
     perfect = np.count_nonzero(q >= 1.0 - 1e-9)
     out["qoe_perfect_fraction"] = float(perfect / q.size) if q.size else None
     slo_ok = _floats(cols, "slo_ok")
