@@ -33,9 +33,11 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
 from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
+from sloserve.engine.continuation import Continuation
 from sloserve.engine.env import PRIO_ITERATION, Environment
 from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor, eos_finished
 from sloserve.engine.fastpath import apply_run, plan_run
@@ -79,6 +81,9 @@ class _Pending:
     decodes: bool = False
     """A fast run whose every entry is a one-token decode (:func:`plan_run` sorted them):
     its tokens are delivered without sorting the entries again."""
+    dec: Continuation | None = None
+    """The batch's leading entries that are checked running decodes (all of a run of
+    decodes), delivered as such; the instance's continuation once retired."""
 
 
 class Instance:
@@ -129,6 +134,8 @@ class Instance:
         self._busy = False
         self._wake_pending = False
         self._pending: _Pending | None = None
+        self._cont: Continuation | None = None
+        """Running decodes checked at the last decision, for the next (:mod:`.continuation`)."""
         self._abort_after: list[Request] = []
         """Requests whose abort waits for the in-flight iteration that contains them."""
         self.incoming: list[Request] = []
@@ -256,6 +263,7 @@ class Instance:
         out = prefix_cache.unblock(self, out)  # no batch: queued requests release prefixes
         if out.empty:
             self._busy = False
+            self._cont = None  # (idle: kept only from one decision to the next)
             if self.num_live and env.peek() == math.inf:
                 raise StallError(
                     f"policy {self.scheduler.name!r} scheduled nothing at t={now:.3f}s with "
@@ -306,6 +314,7 @@ class Instance:
             True,
             busy_before=pending.busy_before,
             decodes=pending.decodes,
+            dec=pending.dec,
         )
         self._pending = short
         short.event = self.env.schedule(
@@ -319,12 +328,21 @@ class Instance:
         # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
         # moves KV itself (restores), which only a single step prices.
         fast = self.executor.fast_forward and not self.kv.exact_fit
+        cont = self._cont
+        self._cont = None  # (set again when this batch retires, or kept below)
         if fast and out.repeatable and not out.preempt and not out.swap_in:
-            run = plan_run(self, out, now)
+            run = plan_run(self, out, now, cont)
             if run is not None:
-                return apply_run(self, out, now, run)
+                return apply_run(self, out, now, run, cont)
         preempted, swapping = check_evictions(self, out)
-        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping)
+        lead = None
+        if cont is not None and not out.preempt and not out.swap_in:
+            lead = cont if conts.lead(cont, out.batch) else None
+        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping, lead)
+        if lead is None and cont is not None and split and not split[0] and not out.preempt:
+            # No one-token decode in the batch (a prefill step), nothing evicted or swapped
+            # in (a swap-in leaves no split): the continuation's requests are untouched.
+            self._cont = cont
         kv = self.kv
         swap_tokens = 0
         requeued: list[Request] = []
@@ -411,7 +429,7 @@ class Instance:
         if not dur > 0:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
-        return self._record(batch, ends, tokens, now, kv_before, fast=False)
+        return self._record(batch, ends, tokens, now, kv_before, fast=False, dec=lead)
 
     def _record(
         self,
@@ -423,6 +441,7 @@ class Instance:
         *,
         fast: bool,
         decodes: bool = False,
+        dec: Continuation | None = None,
     ) -> _Pending:
         """Sample the trace (KV use as the decision found it, before the batch grows it:
         the same in single steps and fast-forwarded runs) and build the pending batch."""
@@ -442,7 +461,8 @@ class Instance:
         if self.debug_checks:
             kv.check_invariants()
             fills.check(self.filling, self.running)
-        return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes)
+            conts.verify(self)
+        return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes, dec=dec)
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
@@ -465,23 +485,17 @@ class Instance:
         self.iter_end.extend(ends)
         finished: list[Request] = []
         prev = first - 1  # a run of tokens ending here is extended, not restarted
-        if pending.decodes:
-            last = first + k - 1
-            for r, _n in pending.batch:  # the loop below without its decode test
-                r.num_computed_tokens += k
-                n_out = r.num_output_tokens + k
-                r.num_output_tokens = n_out
-                runs = r.token_runs
-                if runs and runs[-1] == prev:
-                    runs[-1] = last
-                else:
-                    runs.append(first)
-                    runs.append(last)
-                if n_out >= r.true_output_len:
-                    finished.append(r)
+        batch: Sequence[ScheduledRequest] = pending.batch
+        dec = pending.dec
+        if dec is not None:  # checked running decodes first: they become the continuation
+            conts.deliver(self, dec, k, first, finished)
+            n_dec = len(dec.entries)
+            batch = batch[n_dec:] if n_dec != len(batch) else ()
+        if not batch:
+            pass
         elif pending.fast:
             last = first + k - 1
-            for r, n in pending.batch:
+            for r, n in batch:
                 if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1:
                     r.num_computed_tokens += k * n  # a non-final prefill chunk: no token
                     continue
@@ -496,7 +510,7 @@ class Instance:
                 if r.num_output_tokens >= r.true_output_len:
                     finished.append(r)
         else:
-            for r, n in pending.batch:
+            for r, n in batch:
                 r.num_computed_tokens += n
                 if r.num_computed_tokens == r.num_prompt_tokens + r.num_output_tokens:
                     if r.first_token_time is None:
@@ -514,6 +528,7 @@ class Instance:
             self.kv.retired(pending.batch)
         if self.executor.__class__ is not CostModelExecutor:  # (it never stops a request)
             finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
+            self._cont = None  # (an early stop is not among the continuation's finishes)
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)
@@ -521,6 +536,7 @@ class Instance:
             self.scheduler.on_finish(r, end)
             self._done(r)
         if self.hand_off is not None:
+            self._cont = None  # requests leave after their first token
             self._hand_off(pending.batch, end)
         if self.filling:
             fills.prune(self.filling, self.instance_id)
