@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
-from sloserve.costmodel.base import BatchStats
+from sloserve.costmodel.base import BatchStats, batch_stats
 from sloserve.costmodel.linear import LinearCostModel
 from sloserve.engine import continuation
 from sloserve.engine.continuation import Continuation
@@ -49,7 +49,7 @@ def accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64
     return np.cumsum(ends, out=ends)
 
 
-@dataclass
+@dataclass(slots=True)
 class Run:
     """A repeatable batch the fast path will advance ``k`` iterations at once."""
 
@@ -126,13 +126,7 @@ def plan_run(
         k = cap
     if k <= 1:
         return None
-    stats = BatchStats(
-        num_prefill_tokens=pf_tokens,
-        num_prefill_seqs=len(prefills),
-        prefill_attn_work=work,
-        num_decode=len(decode_ids),
-        decode_context_sum=ctx,
-    )
+    stats = batch_stats(pf_tokens, len(prefills), work, len(decode_ids), ctx)
     t_next = inst.next_event()
     durs: list[float] | None = None
     ends: list[float] | None = None

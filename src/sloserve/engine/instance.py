@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
-from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.costmodel.base import CostModel, batch_stats
 from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
 from sloserve.engine import prefix_cache, teardown
@@ -69,7 +69,7 @@ class InstanceTrace:
     duration: list[float] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     batch: tuple[ScheduledRequest, ...]
     ends: list[float]
@@ -417,14 +417,7 @@ class Instance:
         for r in requeued:  # after the batch: what was checked to fit stays free for it
             prefix_cache.reuse_prefix(self, r)
         swap_tokens += kv.take_transfer_tokens()  # BROS's restores; prefix-cache CPU hits
-        stats = BatchStats(
-            num_prefill_tokens=prefill,
-            num_prefill_seqs=n_prefill_seqs,
-            prefill_attn_work=work,
-            num_decode=n_decode,
-            decode_context_sum=ctx,
-            swap_tokens=swap_tokens,
-        )
+        stats = batch_stats(prefill, n_prefill_seqs, work, n_decode, ctx, swap_tokens)
         dur = self.executor.run(ExecBatch(batch, stats, self.scheduler.overlap_swap, kv))
         if not dur > 0:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")

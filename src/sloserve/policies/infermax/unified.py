@@ -51,6 +51,7 @@ from sloserve.engine.interface import (
     ScheduledRequest,
     Scheduler,
     SchedulerOutput,
+    scheduler_output,
 )
 from sloserve.engine.kv import KVCacheManager
 
@@ -237,7 +238,7 @@ class UnifiedScheduler(Scheduler):
             # Nothing waits, nothing is swapped out, every running request decodes and
             # each fits whatever block it needs: Algorithm 1 takes the whole decode group
             # at once (the loop below, its groups before it empty) and the batch repeats.
-            return SchedulerOutput(tuple(self._decode_batch(running)), (), (), True, 0)
+            return scheduler_output(tuple(self._decode_batch(running)), (), (), True, 0)
         cfg = self._config
         lim = view.limits
         kv = view.kv
@@ -411,7 +412,7 @@ class UnifiedScheduler(Scheduler):
             and not st.preempt
             and running_decodes + steady_prefills == len(batch) == len(view.running)
         )
-        return SchedulerOutput(
+        return scheduler_output(
             tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable, repeat_reserve
         )
 
