@@ -296,9 +296,8 @@ class Instance:
             return
         kv = self.kv
         shrink = kv.shrink
-        if pending.decodes:  # every entry a one-token decode (plan_run sorted them)
-            for r, _n in pending.batch:
-                shrink(r.req_id, cut)
+        if pending.decodes and pending.dec is not None:  # all one-token decodes: their ids
+            kv.shrink_many(pending.dec.ids, cut)
         else:
             for r, n in pending.batch:  # not retired yet: the counters are the run's start
                 decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
