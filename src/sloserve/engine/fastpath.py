@@ -134,7 +134,7 @@ def plan_run(
         cm = inst.cost_model
         # Price a short prefix first: the next event is usually a few iterations away.
         first = min(k, FIRST_LOOK)
-        if isinstance(cm, LinearCostModel):
+        if type(cm) is LinearCostModel or isinstance(cm, LinearCostModel):  # (ABC: slow)
             durs, ends = cm.run_until(stats, now, t_next, first, work_step)
             found = ends[-1] >= t_next
         else:
@@ -160,7 +160,8 @@ def plan_run(
     free = kv.num_free_blocks - reserve
     # (A paged manager's own first test, without the call: enough free blocks even if
     # every request starts on a full block.)
-    if not isinstance(kv, PagedKVManager) or free < len(decode_ids) * (k // kv.block_size + 1):
+    paged = type(kv) is PagedKVManager or isinstance(kv, PagedKVManager)
+    if not paged or free < len(decode_ids) * (k // kv.block_size + 1):
         k = kv.max_uniform_growth(decode_ids, k, free)
     if prefills:
         while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:

@@ -39,7 +39,13 @@ from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.continuation import Continuation
 from sloserve.engine.env import PRIO_ITERATION, Environment
-from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor, eos_finished
+from sloserve.engine.executor import (
+    CostModelExecutor,
+    ExecBatch,
+    Executor,
+    eos_finished,
+    price,
+)
 from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
@@ -160,6 +166,9 @@ class Instance:
             filling=self.filling.values(),
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
+        self._prefix_kv = isinstance(self.kv, prefix_cache.PrefixCachingKVManager)
+        """Whether the prefix-cache hooks have anything to do (each returns at once on any
+        other manager; the check is an ABC isinstance, a Python-level call per decision)."""
         self.next_event: Callable[[], float] = env.peek
         """When the next event that can change this instance may happen: the fast path
         stops in the iteration during which it falls. Every pending event by default; a
@@ -200,7 +209,8 @@ class Instance:
             self._done(req)
             return
         self.kv.note_class(req.req_id, req.req_class)
-        prefix_cache.queue_lookup(self, req)
+        if self._prefix_kv:
+            prefix_cache.queue_lookup(self, req)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -258,9 +268,11 @@ class Instance:
         self.view.now = now
         if self.incoming:
             self._admit_incoming(now)
-        prefix_cache.refresh_queued(self)
+        if self._prefix_kv:
+            prefix_cache.refresh_queued(self)
         out = self.scheduler.schedule(self.view)
-        out = prefix_cache.unblock(self, out)  # no batch: queued requests release prefixes
+        if self._prefix_kv:  # no batch: queued requests release prefixes
+            out = prefix_cache.unblock(self, out)
         if out.empty:
             self._busy = False
             self._cont = None  # (idle: kept only from one decision to the next)
@@ -417,7 +429,11 @@ class Instance:
             prefix_cache.reuse_prefix(self, r)
         swap_tokens += kv.take_transfer_tokens()  # BROS's restores; prefix-cache CPU hits
         stats = batch_stats(prefill, n_prefill_seqs, work, n_decode, ctx, swap_tokens)
-        dur = self.executor.run(ExecBatch(batch, stats, self.scheduler.overlap_swap, kv))
+        executor = self.executor
+        if executor.__class__ is CostModelExecutor:  # what its run does, no ExecBatch built
+            dur = price(executor.cost_model, stats, self.scheduler.overlap_swap)
+        else:
+            dur = executor.run(ExecBatch(batch, stats, self.scheduler.overlap_swap, kv))
         if not dur > 0:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
