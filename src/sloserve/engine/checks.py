@@ -10,6 +10,7 @@ leaves the instance untouched.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import RequestStatus
@@ -23,8 +24,15 @@ if TYPE_CHECKING:
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 
 
-def check_evictions(inst: Instance, out: SchedulerOutput) -> tuple[set[int], set[int]]:
+_NONE: frozenset[int] = frozenset()
+
+
+def check_evictions(
+    inst: Instance, out: SchedulerOutput
+) -> tuple[AbstractSet[int], AbstractSet[int]]:
     """Validate ``preempt`` and ``swap_in``; returns their request ids."""
+    if not out.preempt and not out.swap_in:
+        return _NONE, _NONE  # (most steps: no sets built)
     me = inst.instance_id
     preempted: set[int] = set()
     for r, _mode in out.preempt:
@@ -55,8 +63,8 @@ contexts, and every other entry in batch order: the instance then walks only the
 def check_batch(
     inst: Instance,
     out: SchedulerOutput,
-    preempted: set[int],
-    swapping: set[int],
+    preempted: AbstractSet[int],
+    swapping: AbstractSet[int],
     lead: Continuation | None = None,
 ) -> tuple[int, int, int, Split | None]:
     """Validate the batch against C, P, R_max and M; returns (tokens, prefill, admitted,

@@ -353,8 +353,11 @@ class PagedKVManager(KVCacheManager):
             slack = -t % bs
             if n_new_tokens > slack:
                 more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
-                tables[r].extend(free[-more:])
-                del free[-more:]
+                if more == 1:
+                    tables[r].append(free.pop())  # (free[-1:]: no slice to build)
+                else:
+                    tables[r].extend(free[-more:])
+                    del free[-more:]
         return True
 
     def max_uniform_growth(
