@@ -339,6 +339,8 @@ class Instance:
         # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
         # moves KV itself (restores), which only a single step prices.
         fast = self.executor.fast_forward and not self.kv.exact_fit
+        if self.debug_checks:
+            conts.verify(self)  # before this decision relies on it
         cont = self._cont
         self._cont = None  # (set again when this batch retires, or kept below)
         if fast and out.repeatable and not out.preempt and not out.swap_in:
@@ -469,7 +471,6 @@ class Instance:
         if self.debug_checks:
             kv.check_invariants()
             fills.check(self.filling, self.running)
-            conts.verify(self)
         return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes, dec=dec)
 
     def _complete(self, pending: _Pending) -> None:
