@@ -11,7 +11,9 @@ Beside this file: :mod:`~sloserve.engine.checks` validates each policy output fi
 :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch to the next event in one
 step (as stepping would; ``multi_step=False`` turns it off),
 :mod:`~sloserve.engine.prefix_cache` reuses cached prefixes,
-:mod:`~sloserve.engine.filling` keeps the running requests that may still be filling, and
+:mod:`~sloserve.engine.filling` keeps the running requests that may still be filling,
+:mod:`~sloserve.engine.continuation` carries the running decodes checked at one decision to
+the next (a batch starting with them is checked after them only), and
 :mod:`~sloserve.engine.teardown` lets requests leave before they finish (abort, horizon,
 failure, a prefill replica's hand-off).
 
