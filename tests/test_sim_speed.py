@@ -195,6 +195,19 @@ def test_run_until_prices_exactly_as_the_array_form() -> None:
         assert e == ends[: min(k, stop)].tolist() and d == durs[: len(e)].tolist()
 
 
+def test_run_until_follows_replaced_coefficients() -> None:
+    from sloserve.costmodel.base import BatchStats
+    from sloserve.costmodel.profile import load_profile
+
+    cm = load_profile("llama-2-70b-a100x2").cost_model()
+    stats = BatchStats(num_prefill_tokens=0, num_decode=12, decode_context_sum=9000)
+    first = cm.run_until(stats, 0.0, float("inf"), 5)
+    assert cm.run_until(stats, 0.0, float("inf"), 5) == first  # the shape's cached constants
+    cm.c = cm.c.model_copy(update={"intercept": cm.c.intercept + 0.01})
+    again = cm.run_until(stats, 0.0, float("inf"), 5)
+    assert again[0] == cm.run_times(stats, 5).tolist() and again != first
+
+
 def test_chunked_delivered_qoe_is_delivered_qoe(monkeypatch: pytest.MonkeyPatch) -> None:
     res = simulate_cluster(_cfg("vllm", rate=30), ClusterConfig())
     ends = {**res.iter_ends, -1: np.empty(0)}

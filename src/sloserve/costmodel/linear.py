@@ -57,6 +57,10 @@ class LinearCostModel(CostModel):
         self.swap_bytes_per_s = swap_bytes_per_s
         self.swap_latency_s = swap_latency_s
         self.name = name
+        self._run_consts: dict[tuple[int, int, int], tuple[float, float, float]] = {}
+        """:meth:`run_until`'s constants per batch shape, for the coefficients in
+        ``_run_consts_of`` (``c`` may be replaced: then they are computed again)."""
+        self._run_consts_of: LinearCoefficients | None = None
 
     def _non_attention(self, tokens: int) -> float:
         c = self.c
@@ -122,12 +126,26 @@ class LinearCostModel(CostModel):
         if npf + nd == 0:
             return [0.0] * limit, [now] * limit
         c = self.c
-        tokens = npf + nd
-        na = self._non_attention(tokens)
-        base = c.intercept + na + c.comm_intercept + c.comm_per_token * tokens
-        dec = c.decode_intercept + c.per_decode_seq * nd
+        # The per-batch constants depend only on the batch's shape (the coefficients are
+        # frozen): computed once per shape, the very same floats.
+        shape = (nd, npf, stats.num_prefill_seqs)
+        consts = self._run_consts
+        if self._run_consts_of is not c:
+            consts = self._run_consts = {}
+            self._run_consts_of = c
+        got = consts.get(shape)
+        if got is None:
+            tokens = npf + nd
+            na = self._non_attention(tokens)
+            got = (
+                c.intercept + na + c.comm_intercept + c.comm_per_token * tokens,
+                c.decode_intercept + c.per_decode_seq * nd,
+                c.prefill_intercept + c.per_prefill_seq * stats.num_prefill_seqs,
+            )
+            if len(consts) < 4096:
+                consts[shape] = got
+        base, dec, pre = got
         kv = c.per_decode_kv
-        pre = c.prefill_intercept + c.per_prefill_seq * stats.num_prefill_seqs
         pw = c.per_prefill_work
         ctx = stats.decode_context_sum
         work = stats.prefill_attn_work
