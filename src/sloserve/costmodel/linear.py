@@ -88,8 +88,10 @@ class LinearCostModel(CostModel):
     def _shape_consts(self, nd: int, npf: int, nps: int) -> tuple[float, float, float]:
         """The terms of :meth:`_time` that depend only on the batch's shape (decodes,
         prefill tokens, prefill sequences), each computed as ``_time`` computes it: the
-        base, the decode and the prefill intercepts. Kept per shape (the coefficients are
-        frozen; recomputed when ``c`` is replaced): the very same floats, once."""
+        base, the decode and the prefill intercepts. Kept for decode-only shapes, the fast
+        path's usual batch (at most R_max of them; a prompt's length varies too much to be
+        worth keeping), and recomputed when ``c`` is replaced (the coefficients are
+        frozen): the very same floats, once."""
         c = self.c
         consts = self._run_consts
         if self._run_consts_of is not c:
@@ -107,7 +109,7 @@ class LinearCostModel(CostModel):
                 c.decode_intercept + c.per_decode_seq * nd,
                 c.prefill_intercept + c.per_prefill_seq * nps,
             )
-            if len(consts) < 4096:
+            if not npf and len(consts) < 1024:
                 consts[shape] = got
         return got
 
