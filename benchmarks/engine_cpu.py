@@ -12,6 +12,7 @@ only paired, alternating measurements compare.
 
     python benchmarks/sim_e2e.py --print-commands      # the runs (traces cached there)
     python benchmarks/engine_cpu.py --repeat 5 [--runs single,cluster] [--base ../main/src]
+        [--extra=--no-prefix-caching]
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ def main() -> int:
     ap.add_argument("--runs", default="single,cluster")
     ap.add_argument("--base", type=Path, help="another tree's src/ to compare against")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--extra",
+        default="",
+        help="more CLI arguments for every run, e.g. '--no-prefix-caching' (the plain KV "
+        "manager, which a trace without prefix identities needs)",
+    )
     a = ap.parse_args()
     if a.repeat < 1:
         print("engine_cpu.py: --repeat must be >= 1", file=sys.stderr)
@@ -104,7 +111,7 @@ def main() -> int:
     if a.base is not None and not (a.base / "sloserve").is_dir():
         print(f"engine_cpu.py: --base {a.base}: no sloserve package there", file=sys.stderr)
         return 2
-    cmds = commands()
+    cmds = {name: [*args, *a.extra.split()] for name, args in commands().items()}
     names = [n for n in a.runs.split(",") if n]
     unknown = [n for n in names if n not in cmds]
     if unknown:

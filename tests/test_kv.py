@@ -109,3 +109,38 @@ def test_grow_many_hands_out_the_blocks_allocate_would() -> None:
             assert b.allocate(r, n) is not None
         a.check_invariants()
         assert a._tables == b._tables and a._free == b._free and a._tokens == b._tokens
+
+
+def test_shrink_many_is_shrink_in_order() -> None:
+    import random
+
+    rng = random.Random(5)
+    for bs in (1, 4, 16):
+        a, b = PagedKVManager(2000, bs), PagedKVManager(2000, bs)
+        ids = list(range(12))
+        for r in ids:
+            n = rng.randint(1, 60)
+            a.allocate(r, n)
+            b.allocate(r, n)
+        assert a.grow_many(ids, 9) and b.grow_many(ids, 9)
+        for cut in (3, 6):
+            a.shrink_many(ids[::-1], cut)
+            for r in ids[::-1]:
+                b.shrink(r, cut)
+            assert a._free == b._free and a._tables == b._tables and a._tokens == b._tokens
+            a.check_invariants()
+
+
+def test_shrink_many_calls_a_subclass_shrink() -> None:
+    seen: list[tuple[int, int]] = []
+
+    class Watched(PagedKVManager):
+        def shrink(self, req_id: int, n_tokens: int) -> None:
+            seen.append((req_id, n_tokens))
+            super().shrink(req_id, n_tokens)
+
+    kv = Watched(50, 4)
+    kv.allocate(1, 10)
+    kv.allocate(2, 10)
+    kv.shrink_many([2, 1], 3)
+    assert seen == [(2, 3), (1, 3)] and kv.num_tokens(1) == kv.num_tokens(2) == 7

@@ -195,6 +195,43 @@ def test_run_until_prices_exactly_as_the_array_form() -> None:
         assert e == ends[: min(k, stop)].tolist() and d == durs[: len(e)].tolist()
 
 
+def test_batch_time_is_the_models_expression() -> None:
+    from sloserve.costmodel.base import BatchStats
+    from sloserve.costmodel.profile import load_profile
+
+    cm = load_profile("llama-2-70b-a100x2").cost_model()
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        nd, npf = int(rng.integers(0, 40)), int(rng.integers(0, 3)) * int(rng.integers(1, 900))
+        stats = BatchStats(
+            num_prefill_tokens=npf,
+            num_prefill_seqs=int(rng.integers(1, 3)) if npf else 0,
+            prefill_attn_work=npf * (npf + int(rng.integers(0, 2000))),
+            num_decode=nd,
+            decode_context_sum=nd * int(rng.integers(1, 4000)),
+        )
+        t = cm.batch_time(stats)  # twice: the shape's constants are then cached
+        assert t == cm.batch_time(stats)
+        if nd + npf:
+            ref = float(cm._time(stats, stats.decode_context_sum, stats.prefill_attn_work))
+            assert t == ref == float(cm.run_times(stats, 1)[0])
+        else:
+            assert t == 0.0
+
+
+def test_run_until_follows_replaced_coefficients() -> None:
+    from sloserve.costmodel.base import BatchStats
+    from sloserve.costmodel.profile import load_profile
+
+    cm = load_profile("llama-2-70b-a100x2").cost_model()
+    stats = BatchStats(num_prefill_tokens=0, num_decode=12, decode_context_sum=9000)
+    first = cm.run_until(stats, 0.0, float("inf"), 5)
+    assert cm.run_until(stats, 0.0, float("inf"), 5) == first  # the shape's cached constants
+    cm.c = cm.c.model_copy(update={"intercept": cm.c.intercept + 0.01})
+    again = cm.run_until(stats, 0.0, float("inf"), 5)
+    assert again[0] == cm.run_times(stats, 5).tolist() and again != first
+
+
 def test_chunked_delivered_qoe_is_delivered_qoe(monkeypatch: pytest.MonkeyPatch) -> None:
     res = simulate_cluster(_cfg("vllm", rate=30), ClusterConfig())
     ends = {**res.iter_ends, -1: np.empty(0)}

@@ -45,6 +45,42 @@ class BatchStats:
         return self.total_tokens == 0 and self.swap_tokens == 0
 
 
+_new = object.__new__
+_setters = tuple(
+    BatchStats.__dict__[f].__set__  # the slots' own descriptors (frozen: no __setattr__)
+    for f in (
+        "num_prefill_tokens",
+        "num_prefill_seqs",
+        "prefill_attn_work",
+        "num_decode",
+        "decode_context_sum",
+        "swap_tokens",
+    )
+)
+
+
+def batch_stats(
+    num_prefill_tokens: int,
+    num_prefill_seqs: int,
+    prefill_attn_work: int,
+    num_decode: int,
+    decode_context_sum: int,
+    swap_tokens: int = 0,
+) -> BatchStats:
+    """``BatchStats(...)`` by position, equal in every way, at half the cost: the engine
+    builds one per decision, and a frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__``."""
+    s = _new(BatchStats)
+    s0, s1, s2, s3, s4, s5 = _setters
+    s0(s, num_prefill_tokens)
+    s1(s, num_prefill_seqs)
+    s2(s, prefill_attn_work)
+    s3(s, num_decode)
+    s4(s, decode_context_sum)
+    s5(s, swap_tokens)
+    return s
+
+
 class CostModel(ABC):
     """Predicts how long an iteration takes on one replica, and how long KV transfers take."""
 

@@ -57,6 +57,10 @@ class LinearCostModel(CostModel):
         self.swap_bytes_per_s = swap_bytes_per_s
         self.swap_latency_s = swap_latency_s
         self.name = name
+        self._run_consts: dict[tuple[int, int, int], tuple[float, float, float]] = {}
+        """:meth:`run_until`'s constants per batch shape, for the coefficients in
+        ``_run_consts_of`` (``c`` may be replaced: then they are computed again)."""
+        self._run_consts_of: LinearCoefficients | None = None
 
     def _non_attention(self, tokens: int) -> float:
         c = self.c
@@ -81,10 +85,47 @@ class LinearCostModel(CostModel):
             )
         return t
 
+    def _shape_consts(self, nd: int, npf: int, nps: int) -> tuple[float, float, float]:
+        """The terms of :meth:`_time` that depend only on the batch's shape (decodes,
+        prefill tokens, prefill sequences), each computed as ``_time`` computes it: the
+        base, the decode and the prefill intercepts. Kept for decode-only shapes, the fast
+        path's usual batch (at most R_max of them; a prompt's length varies too much to be
+        worth keeping), and recomputed when ``c`` is replaced (the coefficients are
+        frozen): the very same floats, once."""
+        c = self.c
+        consts = self._run_consts
+        if self._run_consts_of is not c:
+            consts = self._run_consts = {}
+            self._run_consts_of = c
+        shape = (nd, npf, nps)
+        got = consts.get(shape)
+        if got is None:
+            tokens = npf + nd
+            got = (
+                c.intercept
+                + self._non_attention(tokens)
+                + c.comm_intercept
+                + c.comm_per_token * tokens,
+                c.decode_intercept + c.per_decode_seq * nd,
+                c.prefill_intercept + c.per_prefill_seq * nps,
+            )
+            if not npf and len(consts) < 1024:
+                consts[shape] = got
+        return got
+
     def batch_time(self, stats: BatchStats) -> float:
-        if stats.num_prefill_tokens + stats.num_decode == 0:
+        nd = stats.num_decode
+        npf = stats.num_prefill_tokens
+        if npf + nd == 0:
             return 0.0
-        return float(self._time(stats, stats.decode_context_sum, stats.prefill_attn_work))
+        # _time's expression, its shape terms from _shape_consts (the same floats).
+        base, dec, pre = self._shape_consts(nd, npf, stats.num_prefill_seqs)
+        t = base
+        if nd:
+            t = t + (dec + self.c.per_decode_kv * float(stats.decode_context_sum))
+        if npf:
+            t = t + (pre + self.c.per_prefill_work * float(stats.prefill_attn_work))
+        return t
 
     def run_times(
         self, stats: BatchStats, steps: int, prefill_work_step: int = 0
@@ -122,12 +163,8 @@ class LinearCostModel(CostModel):
         if npf + nd == 0:
             return [0.0] * limit, [now] * limit
         c = self.c
-        tokens = npf + nd
-        na = self._non_attention(tokens)
-        base = c.intercept + na + c.comm_intercept + c.comm_per_token * tokens
-        dec = c.decode_intercept + c.per_decode_seq * nd
+        base, dec, pre = self._shape_consts(nd, npf, stats.num_prefill_seqs)
         kv = c.per_decode_kv
-        pre = c.prefill_intercept + c.per_prefill_seq * stats.num_prefill_seqs
         pw = c.per_prefill_work
         ctx = stats.decode_context_sum
         work = stats.prefill_attn_work

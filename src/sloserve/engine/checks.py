@@ -10,9 +10,11 @@ leaves the instance untouched.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import RequestStatus
+from sloserve.engine.continuation import Continuation
 from sloserve.engine.interface import PreemptionMode, ScheduledRequest, SchedulerOutput
 from sloserve.engine.kv import KVOp
 
@@ -22,8 +24,15 @@ if TYPE_CHECKING:
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 
 
-def check_evictions(inst: Instance, out: SchedulerOutput) -> tuple[set[int], set[int]]:
+_NONE: frozenset[int] = frozenset()
+
+
+def check_evictions(
+    inst: Instance, out: SchedulerOutput
+) -> tuple[AbstractSet[int], AbstractSet[int]]:
     """Validate ``preempt`` and ``swap_in``; returns their request ids."""
+    if not out.preempt and not out.swap_in:
+        return _NONE, _NONE  # (most steps: no sets built)
     me = inst.instance_id
     preempted: set[int] = set()
     for r, _mode in out.preempt:
@@ -52,10 +61,19 @@ contexts, and every other entry in batch order: the instance then walks only the
 
 
 def check_batch(
-    inst: Instance, out: SchedulerOutput, preempted: set[int], swapping: set[int]
+    inst: Instance,
+    out: SchedulerOutput,
+    preempted: AbstractSet[int],
+    swapping: AbstractSet[int],
+    lead: Continuation | None = None,
 ) -> tuple[int, int, int, Split | None]:
     """Validate the batch against C, P, R_max and M; returns (tokens, prefill, admitted,
     split), ``split`` None when a swap-in or an exact-fit KV manager is involved.
+
+    ``lead``: the instance's continuation when the batch starts with its entries (and the
+    output evicts and swaps in nothing): those are running one-token decodes already
+    checked (:mod:`.continuation`), so only the entries after them are walked, and
+    checked against repeating one of them.
 
     Runs before anything is mutated, so a violation leaves the instance untouched.
     """
@@ -76,7 +94,15 @@ def check_batch(
     split = count_blocks and not swapping
     need = 0
     scheduled_swaps: set[int] = set()
-    for entry in out.batch:
+    entries = out.batch
+    lead_ids: set[int] | None = None
+    if lead is not None:
+        # Checked running decodes (no block counted for them yet, as for any decode).
+        entries = entries[len(lead.entries) :]
+        tokens = len(lead.entries)
+        decode_ids = [*lead.ids]
+        ctx = lead.ctx
+    for entry in entries:
         r, n = entry
         rid = r.req_id
         if rid in seen:
@@ -88,6 +114,11 @@ def check_batch(
         if st is RUNNING:
             if rid in preempted:
                 raise inst._violation("batch", f"request {rid} is both preempted and scheduled")
+            if lead is not None:  # (only a running request can repeat a checked one)
+                if lead_ids is None:
+                    lead_ids = set(lead.ids)
+                if rid in lead_ids:
+                    raise inst._violation("batch", f"request {rid} appears twice")
         elif st in _QUEUED:
             admitted += 1
         elif st is RequestStatus.PREEMPTED_SWAPPED:

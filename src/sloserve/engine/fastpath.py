@@ -24,8 +24,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from sloserve.core.request import Request, RequestStatus
-from sloserve.costmodel.base import BatchStats
+from sloserve.costmodel.base import BatchStats, batch_stats
 from sloserve.costmodel.linear import LinearCostModel
+from sloserve.engine import continuation
+from sloserve.engine.continuation import Continuation
 from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import PagedKVManager
 
@@ -47,7 +49,7 @@ def accumulate(now: float, durations: NDArray[np.float64]) -> NDArray[np.float64
     return np.cumsum(ends, out=ends)
 
 
-@dataclass
+@dataclass(slots=True)
 class Run:
     """A repeatable batch the fast path will advance ``k`` iterations at once."""
 
@@ -60,18 +62,42 @@ class Run:
     """The first >= k iteration times, when the next event was looked up (a prefix of a
     longer run prices exactly as the shorter run: each step is priced on its own)."""
     ends: list[float] | None = None
+    lead: int = 0
+    """Leading entries the instance's continuation had checked (:mod:`.continuation`)."""
+    left: int = 0
+    """The smallest number of iterations any entry can repeat (a decode: the tokens it
+    has still to generate), before the run's cap: exact."""
 
 
-def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
-    """How many identical iterations a repeatable batch may run; None: step normally."""
+_NO_LIMIT = 1 << 62
+
+
+def plan_run(
+    inst: Instance, out: SchedulerOutput, now: float, cont: Continuation | None = None
+) -> Run | None:
+    """How many identical iterations a repeatable batch may run; None: step normally.
+
+    ``cont``: the instance's continuation; the batch's leading entries it checked are
+    taken from it instead of walked (:mod:`.continuation`)."""
     me = inst.instance_id
     RUNNING = RequestStatus.RUNNING
-    decode_ids: list[int] = []
+    batch = out.batch
     prefills: list[tuple[Request, int]] = []
-    ctx = 0
-    k = MAX_FAST_STEPS if inst.multi_step else 1
     pf_tokens = work = work_step = 0
-    for r, n in out.batch:
+    lead = continuation.lead(cont, batch)
+    if lead:
+        assert cont is not None
+        entries = batch[lead:]
+        # (The continuation's ids are copied only when the tail adds to them.)
+        decode_ids = [*cont.ids] if entries else cont.ids
+        ctx = cont.ctx
+        k = cont.left
+    else:
+        entries = batch
+        decode_ids = []
+        ctx = 0
+        k = _NO_LIMIT
+    for r, n in entries:
         n_out = r.num_output_tokens
         computed = r.num_computed_tokens
         remaining = r.num_prompt_tokens + n_out - computed
@@ -94,15 +120,13 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
             )
         if left < k:
             k = left
+    left_min = k
+    cap = MAX_FAST_STEPS if inst.multi_step else 1
+    if k > cap:
+        k = cap
     if k <= 1:
         return None
-    stats = BatchStats(
-        num_prefill_tokens=pf_tokens,
-        num_prefill_seqs=len(prefills),
-        prefill_attn_work=work,
-        num_decode=len(decode_ids),
-        decode_context_sum=ctx,
-    )
+    stats = batch_stats(pf_tokens, len(prefills), work, len(decode_ids), ctx)
     t_next = inst.next_event()
     durs: list[float] | None = None
     ends: list[float] | None = None
@@ -110,7 +134,7 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
         cm = inst.cost_model
         # Price a short prefix first: the next event is usually a few iterations away.
         first = min(k, FIRST_LOOK)
-        if isinstance(cm, LinearCostModel):
+        if type(cm) is LinearCostModel or isinstance(cm, LinearCostModel):  # (ABC: slow)
             durs, ends = cm.run_until(stats, now, t_next, first, work_step)
             found = ends[-1] >= t_next
         else:
@@ -136,25 +160,31 @@ def plan_run(inst: Instance, out: SchedulerOutput, now: float) -> Run | None:
     free = kv.num_free_blocks - reserve
     # (A paged manager's own first test, without the call: enough free blocks even if
     # every request starts on a full block.)
-    if not isinstance(kv, PagedKVManager) or free < len(decode_ids) * (k // kv.block_size + 1):
+    paged = type(kv) is PagedKVManager or isinstance(kv, PagedKVManager)
+    if not paged or free < len(decode_ids) * (k // kv.block_size + 1):
         k = kv.max_uniform_growth(decode_ids, k, free)
     if prefills:
         while k > 1 and sum(kv.blocks_needed(r.req_id, k * n) for r, n in prefills) > reserve:
             k -= 1  # the policy's reserve does not cover these chunks (rare: step down)
     if k <= 1:
         return None
-    return Run(k, stats, work_step, decode_ids, prefills, durs, ends)
+    return Run(k, stats, work_step, decode_ids, prefills, durs, ends, lead, left_min)
 
 
-def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pending:
-    """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once."""
+def apply_run(
+    inst: Instance, out: SchedulerOutput, now: float, run: Run, cont: Continuation | None = None
+) -> _Pending:
+    """Run ``run.k`` >= 2 identical iterations of a repeatable batch at once (``cont``:
+    the continuation :func:`plan_run` was given)."""
     stats = run.stats
-    # Every entry is in exactly one of decode_ids and prefills (plan_run sorted them).
-    ids = set(run.decode_ids)
-    if run.prefills:
-        ids.update(r.req_id for r, _n in run.prefills)
-    if len(out.batch) != len(ids):
-        raise inst._violation("batch", "a request appears twice")
+    batch = out.batch
+    if run.lead != len(batch):  # (the continuation's entries appear once each)
+        # Every entry is in exactly one of decode_ids and prefills (plan_run sorted them).
+        ids = set(run.decode_ids)
+        if run.prefills:
+            ids.update(r.req_id for r, _n in run.prefills)
+        if len(batch) != len(ids):
+            raise inst._violation("batch", "a request appears twice")
     lim = inst.limits
     if stats.total_tokens > lim.max_batch_tokens:
         raise inst._violation(
@@ -182,8 +212,17 @@ def apply_run(inst: Instance, out: SchedulerOutput, now: float, run: Run) -> _Pe
         raise inst._violation(
             "batch", f"cost model {inst.cost_model.name!r} priced the batch at {first}s"
         )
+    # The decodes whose tokens the run delivers, checked: all the entries of a run of
+    # decodes; with non-final chunks, only the leading ones the continuation had checked.
+    if not run.prefills:
+        dec: Continuation | None = Continuation(
+            batch, run.decode_ids, stats.decode_context_sum, run.left
+        )
+    else:
+        dec = cont if run.lead else None
+    decodes = not run.prefills
     return inst._record(
-        out.batch, ends, stats.total_tokens, now, kv_before, fast=True, decodes=not run.prefills
+        batch, ends, stats.total_tokens, now, kv_before, fast=True, decodes=decodes, dec=dec
     )
 
 

@@ -11,7 +11,9 @@ Beside this file: :mod:`~sloserve.engine.checks` validates each policy output fi
 :mod:`~sloserve.engine.fastpath` advances a ``repeatable`` batch to the next event in one
 step (as stepping would; ``multi_step=False`` turns it off),
 :mod:`~sloserve.engine.prefix_cache` reuses cached prefixes,
-:mod:`~sloserve.engine.filling` keeps the running requests that may still be filling, and
+:mod:`~sloserve.engine.filling` keeps the running requests that may still be filling,
+:mod:`~sloserve.engine.continuation` carries the running decodes checked at one decision to
+the next (a batch starting with them is checked after them only), and
 :mod:`~sloserve.engine.teardown` lets requests leave before they finish (abort, horizon,
 failure, a prefill replica's hand-off).
 
@@ -32,12 +34,20 @@ from dataclasses import dataclass, field
 from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
-from sloserve.costmodel.base import BatchStats, CostModel
+from sloserve.costmodel.base import CostModel, batch_stats
+from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
 from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
+from sloserve.engine.continuation import Continuation
 from sloserve.engine.env import PRIO_ITERATION, Environment
-from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor, eos_finished
+from sloserve.engine.executor import (
+    CostModelExecutor,
+    ExecBatch,
+    Executor,
+    eos_finished,
+    price,
+)
 from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
@@ -67,7 +77,7 @@ class InstanceTrace:
     duration: list[float] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     batch: tuple[ScheduledRequest, ...]
     ends: list[float]
@@ -79,6 +89,9 @@ class _Pending:
     decodes: bool = False
     """A fast run whose every entry is a one-token decode (:func:`plan_run` sorted them):
     its tokens are delivered without sorting the entries again."""
+    dec: Continuation | None = None
+    """The batch's leading entries that are checked running decodes (all of a run of
+    decodes), delivered as such; the instance's continuation once retired."""
 
 
 class Instance:
@@ -129,6 +142,8 @@ class Instance:
         self._busy = False
         self._wake_pending = False
         self._pending: _Pending | None = None
+        self._cont: Continuation | None = None
+        """Running decodes checked at the last decision, for the next (:mod:`.continuation`)."""
         self._abort_after: list[Request] = []
         """Requests whose abort waits for the in-flight iteration that contains them."""
         self.incoming: list[Request] = []
@@ -153,6 +168,9 @@ class Instance:
             filling=self.filling.values(),
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
+        self._prefix_kv = isinstance(self.kv, prefix_cache.PrefixCachingKVManager)
+        """Whether the prefix-cache hooks have anything to do (each returns at once on any
+        other manager; the check is an ABC isinstance, a Python-level call per decision)."""
         self.next_event: Callable[[], float] = env.peek
         """When the next event that can change this instance may happen: the fast path
         stops in the iteration during which it falls. Every pending event by default; a
@@ -193,7 +211,8 @@ class Instance:
             self._done(req)
             return
         self.kv.note_class(req.req_id, req.req_class)
-        prefix_cache.queue_lookup(self, req)
+        if self._prefix_kv:
+            prefix_cache.queue_lookup(self, req)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -251,11 +270,14 @@ class Instance:
         self.view.now = now
         if self.incoming:
             self._admit_incoming(now)
-        prefix_cache.refresh_queued(self)
+        if self._prefix_kv:
+            prefix_cache.refresh_queued(self)
         out = self.scheduler.schedule(self.view)
-        out = prefix_cache.unblock(self, out)  # no batch: queued requests release prefixes
+        if self._prefix_kv:  # no batch: queued requests release prefixes
+            out = prefix_cache.unblock(self, out)
         if out.empty:
             self._busy = False
+            self._cont = None  # (idle: kept only from one decision to the next)
             if self.num_live and env.peek() == math.inf:
                 raise StallError(
                     f"policy {self.scheduler.name!r} scheduled nothing at t={now:.3f}s with "
@@ -288,9 +310,8 @@ class Instance:
             return
         kv = self.kv
         shrink = kv.shrink
-        if pending.decodes:  # every entry a one-token decode (plan_run sorted them)
-            for r, _n in pending.batch:
-                shrink(r.req_id, cut)
+        if pending.decodes and pending.dec is not None:  # all one-token decodes: their ids
+            kv.shrink_many(pending.dec.ids, cut)
         else:
             for r, n in pending.batch:  # not retired yet: the counters are the run's start
                 decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
@@ -306,6 +327,7 @@ class Instance:
             True,
             busy_before=pending.busy_before,
             decodes=pending.decodes,
+            dec=pending.dec,
         )
         self._pending = short
         short.event = self.env.schedule(
@@ -319,12 +341,23 @@ class Instance:
         # The fast path counts blocks; an exact-fit manager (BROS's shared blocks) also
         # moves KV itself (restores), which only a single step prices.
         fast = self.executor.fast_forward and not self.kv.exact_fit
+        if self.debug_checks:
+            conts.verify(self)  # before this decision relies on it
+        cont = self._cont
+        self._cont = None  # (set again when this batch retires, or kept below)
         if fast and out.repeatable and not out.preempt and not out.swap_in:
-            run = plan_run(self, out, now)
+            run = plan_run(self, out, now, cont)
             if run is not None:
-                return apply_run(self, out, now, run)
+                return apply_run(self, out, now, run, cont)
         preempted, swapping = check_evictions(self, out)
-        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping)
+        lead = None
+        if cont is not None and not out.preempt and not out.swap_in:
+            lead = cont if conts.lead(cont, out.batch) else None
+        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping, lead)
+        if lead is None and cont is not None and split and not split[0] and not out.preempt:
+            # No one-token decode in the batch (a prefill step), nothing evicted or swapped
+            # in (a swap-in leaves no split): the continuation's requests are untouched.
+            self._cont = cont
         kv = self.kv
         swap_tokens = 0
         requeued: list[Request] = []
@@ -399,19 +432,16 @@ class Instance:
         for r in requeued:  # after the batch: what was checked to fit stays free for it
             prefix_cache.reuse_prefix(self, r)
         swap_tokens += kv.take_transfer_tokens()  # BROS's restores; prefix-cache CPU hits
-        stats = BatchStats(
-            num_prefill_tokens=prefill,
-            num_prefill_seqs=n_prefill_seqs,
-            prefill_attn_work=work,
-            num_decode=n_decode,
-            decode_context_sum=ctx,
-            swap_tokens=swap_tokens,
-        )
-        dur = self.executor.run(ExecBatch(batch, stats, self.scheduler.overlap_swap, kv))
+        stats = batch_stats(prefill, n_prefill_seqs, work, n_decode, ctx, swap_tokens)
+        executor = self.executor
+        if executor.__class__ is CostModelExecutor:  # what its run does, no ExecBatch built
+            dur = price(executor.cost_model, stats, self.scheduler.overlap_swap)
+        else:
+            dur = executor.run(ExecBatch(batch, stats, self.scheduler.overlap_swap, kv))
         if not dur > 0:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
-        return self._record(batch, ends, tokens, now, kv_before, fast=False)
+        return self._record(batch, ends, tokens, now, kv_before, fast=False, dec=lead)
 
     def _record(
         self,
@@ -423,6 +453,7 @@ class Instance:
         *,
         fast: bool,
         decodes: bool = False,
+        dec: Continuation | None = None,
     ) -> _Pending:
         """Sample the trace (KV use as the decision found it, before the batch grows it:
         the same in single steps and fast-forwarded runs) and build the pending batch."""
@@ -442,7 +473,7 @@ class Instance:
         if self.debug_checks:
             kv.check_invariants()
             fills.check(self.filling, self.running)
-        return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes)
+        return _Pending(batch, ends, fast, busy_before=busy_before, decodes=decodes, dec=dec)
 
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
@@ -465,23 +496,17 @@ class Instance:
         self.iter_end.extend(ends)
         finished: list[Request] = []
         prev = first - 1  # a run of tokens ending here is extended, not restarted
-        if pending.decodes:
-            last = first + k - 1
-            for r, _n in pending.batch:  # the loop below without its decode test
-                r.num_computed_tokens += k
-                n_out = r.num_output_tokens + k
-                r.num_output_tokens = n_out
-                runs = r.token_runs
-                if runs and runs[-1] == prev:
-                    runs[-1] = last
-                else:
-                    runs.append(first)
-                    runs.append(last)
-                if n_out >= r.true_output_len:
-                    finished.append(r)
+        batch: Sequence[ScheduledRequest] = pending.batch
+        dec = pending.dec
+        if dec is not None:  # checked running decodes first: they become the continuation
+            conts.deliver(self, dec, k, first, finished)
+            n_dec = len(dec.entries)
+            batch = batch[n_dec:] if n_dec != len(batch) else ()
+        if not batch:
+            pass
         elif pending.fast:
             last = first + k - 1
-            for r, n in pending.batch:
+            for r, n in batch:
                 if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1:
                     r.num_computed_tokens += k * n  # a non-final prefill chunk: no token
                     continue
@@ -496,7 +521,7 @@ class Instance:
                 if r.num_output_tokens >= r.true_output_len:
                     finished.append(r)
         else:
-            for r, n in pending.batch:
+            for r, n in batch:
                 r.num_computed_tokens += n
                 if r.num_computed_tokens == r.num_prompt_tokens + r.num_output_tokens:
                     if r.first_token_time is None:
@@ -514,6 +539,7 @@ class Instance:
             self.kv.retired(pending.batch)
         if self.executor.__class__ is not CostModelExecutor:  # (it never stops a request)
             finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
+            self._cont = None  # (an early stop is not among the continuation's finishes)
         for r in finished:
             self.kv.free(r.req_id)
             self.running.remove(r)
@@ -521,6 +547,7 @@ class Instance:
             self.scheduler.on_finish(r, end)
             self._done(r)
         if self.hand_off is not None:
+            self._cont = None  # requests leave after their first token
             self._hand_off(pending.batch, end)
         if self.filling:
             fills.prune(self.filling, self.instance_id)

@@ -117,6 +117,33 @@ class SchedulerOutput:
 
 EMPTY_OUTPUT = SchedulerOutput()
 
+_new = object.__new__
+_set_batch, _set_preempt, _set_swap_in, _set_repeatable, _set_reserve = (
+    SchedulerOutput.__dict__[f].__set__  # the slots' own descriptors (frozen)
+    for f in ("batch", "preempt", "swap_in", "repeatable", "repeat_reserve_blocks")
+)
+
+
+def scheduler_output(
+    batch: tuple[ScheduledRequest, ...],
+    preempt: tuple[tuple[Request, PreemptionMode], ...],
+    swap_in: tuple[Request, ...],
+    repeatable: bool,
+    repeat_reserve_blocks: int,
+) -> SchedulerOutput:
+    """``SchedulerOutput(...)`` by position, equal in every way, at half the cost (a
+    policy builds one per decision; a frozen dataclass sets each field through
+    ``object.__setattr__``)."""
+    if repeat_reserve_blocks < 0:
+        raise ValueError("repeat_reserve_blocks must be >= 0")
+    out = _new(SchedulerOutput)
+    _set_batch(out, batch)
+    _set_preempt(out, preempt)
+    _set_swap_in(out, swap_in)
+    _set_repeatable(out, repeatable)
+    _set_reserve(out, repeat_reserve_blocks)
+    return out
+
 
 class InstanceView:
     """Read-only window on an instance for its policy.

@@ -68,6 +68,11 @@ class KVCacheManager(ABC):
         used). Required when :attr:`can_shrink` is True."""
         raise NotImplementedError(f"{type(self).__name__} cannot shrink")
 
+    def shrink_many(self, req_ids: Sequence[int], n_tokens: int) -> None:
+        """:meth:`shrink` each request by ``n_tokens``, in order (a cut run of decodes)."""
+        for r in req_ids:
+            self.shrink(r, n_tokens)
+
     def note_class(self, req_id: int, req_class: RequestClass) -> None:  # noqa: B027
         """The instance tells the manager each arriving request's class (BROS's blocks
         place RT and BE requests on opposite sides); ignored by default."""
@@ -284,6 +289,27 @@ class PagedKVManager(KVCacheManager):
             del table[-extra:]
         self._tokens[req_id] = tokens
 
+    def shrink_many(self, req_ids: Sequence[int], n_tokens: int) -> None:
+        if type(self).shrink is not PagedKVManager.shrink:
+            super().shrink_many(req_ids, n_tokens)  # a subclass's own shrink sees each
+            return
+        bs = self.block_size
+        tokens = self._tokens
+        tables = self._tables
+        free = self._free
+        for r in req_ids:
+            had = tokens[r]
+            t = had - n_tokens
+            if t < 0:
+                raise KVInvariantError(f"request {r}: cannot shrink by {n_tokens} tokens")
+            # A table holds ceil(tokens / bs) blocks: it is looked up only to give some back.
+            extra = -(-had // bs) - -(-t // bs)
+            if extra > 0:
+                table = tables[r]
+                free.extend(reversed(table[-extra:]))  # shrink's order
+                del table[-extra:]
+            tokens[r] = t
+
     def shrink_blocks(self, req_id: int, n_tokens: int) -> int:
         """The blocks :meth:`shrink` would give back for ``n_tokens``, changing nothing."""
         tokens = self._tokens[req_id] - n_tokens
@@ -327,8 +353,11 @@ class PagedKVManager(KVCacheManager):
             slack = -t % bs
             if n_new_tokens > slack:
                 more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
-                tables[r].extend(free[-more:])
-                del free[-more:]
+                if more == 1:
+                    tables[r].append(free.pop())  # (free[-1:]: no slice to build)
+                else:
+                    tables[r].extend(free[-more:])
+                    del free[-more:]
         return True
 
     def max_uniform_growth(

@@ -38,6 +38,7 @@ def hand_off(inst: Instance, batch: tuple[ScheduledRequest, ...], end: float) ->
             continue
         if iter_end is None:
             iter_end = np.asarray(inst.iter_end, dtype=np.float64)
+        inst._cont = None  # (the instance drops it too; this keeps the function self-contained)
         inst.kv.free(r.req_id)
         inst.kv.forget(r.req_id)
         inst.running.remove(r)
@@ -57,6 +58,7 @@ def abort(inst: Instance, req: Request) -> bool:
     """
     if req.status.is_terminal or req.instance_id != inst.instance_id:
         return False
+    inst._cont = None  # a running request may leave: the engine checks the next batch whole
     pending = inst._pending
     if pending is not None and any(r is req for r, _n in pending.batch):
         if all(r is not req for r in inst._abort_after):
@@ -103,6 +105,7 @@ def abort_all(inst: Instance) -> int:
     inst.incoming.clear()
     inst._abort_after.clear()
     inst._busy = False
+    inst._cont = None
     return len(live)
 
 
@@ -134,6 +137,7 @@ def evacuate(inst: Instance) -> list[Request]:
     inst.swapped.clear()
     inst.incoming.clear()
     inst._busy = False
+    inst._cont = None
     iter_end = np.asarray(inst.iter_end, dtype=np.float64)
     out: list[Request] = []
     for r in live:

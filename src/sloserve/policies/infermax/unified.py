@@ -51,6 +51,7 @@ from sloserve.engine.interface import (
     ScheduledRequest,
     Scheduler,
     SchedulerOutput,
+    scheduler_output,
 )
 from sloserve.engine.kv import KVCacheManager
 
@@ -130,18 +131,21 @@ class UnifiedScheduler(Scheduler):
             config.groups != "single" and config.order == "fcfs" and not config.eviction_free
         )
 
-    def _decode_batch(self, group: Sequence[Request]) -> list[ScheduledRequest]:
+    def _decode_batch(self, group: Sequence[Request]) -> tuple[ScheduledRequest, ...]:
         entries = self._decode_entries
         try:
-            return list(map(entries.__getitem__, group))
-        except KeyError:
+            return tuple(map(entries.__getitem__, group))
+        except KeyError:  # (rare: a prompt's final chunk builds its request's entry)
             if len(entries) > 2 * len(group) + 256:  # drop finished requests' entries
                 entries.clear()
             for r in group:
                 if r not in entries:
                     # tuple.__new__: the named tuple without its Python-level __new__.
                     entries[r] = _new_entry(ScheduledRequest, (r, 1))
-            return list(map(entries.__getitem__, group))
+            return tuple(map(entries.__getitem__, group))
+
+    def on_finish(self, req: Request, now: float) -> None:
+        self._decode_entries.pop(req, None)  # (the request left: its entry is not needed)
 
     def describe(self) -> dict[str, object]:
         d: dict[str, object] = {"name": self.name}
@@ -237,7 +241,7 @@ class UnifiedScheduler(Scheduler):
             # Nothing waits, nothing is swapped out, every running request decodes and
             # each fits whatever block it needs: Algorithm 1 takes the whole decode group
             # at once (the loop below, its groups before it empty) and the batch repeats.
-            return SchedulerOutput(tuple(self._decode_batch(running)), (), (), True, 0)
+            return scheduler_output(self._decode_batch(running), (), (), True, 0)
         cfg = self._config
         lim = view.limits
         kv = view.kv
@@ -392,6 +396,10 @@ class UnifiedScheduler(Scheduler):
                         swap_in.append(cand)
                 batch.append(_new_entry(ScheduledRequest, (cand, n)))  # (no Python __new__)
                 in_batch.add(rid)
+                if n == remaining and not is_decode and n_out + 1 < cand.true_output_len:
+                    # Its final chunk: it decodes next. Its decode entry is built now (a
+                    # miss in _decode_batch costs an exception and a walk of the group).
+                    self._decode_entries[cand] = _new_entry(ScheduledRequest, (cand, 1))
                 if not joining:
                     if is_decode:
                         running_decodes += 1
@@ -411,7 +419,7 @@ class UnifiedScheduler(Scheduler):
             and not st.preempt
             and running_decodes + steady_prefills == len(batch) == len(view.running)
         )
-        return SchedulerOutput(
+        return scheduler_output(
             tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable, repeat_reserve
         )
 
