@@ -117,7 +117,9 @@ class PrefixCachingKVManager(PagedKVManager):
         self._cached = 0  # unreferenced cached units
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
         self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
-        self._open: set[int] = set()  # requests that still register their new units
+        # Requests that still register their new units -> the computed tokens at which
+        # their next unit is complete (retiring a batch skips the others at one test).
+        self._open: dict[int, int] = {}
         self._transfer = 0
         # CPU-tier hits are priced in the iteration that admits their request (the copy
         # overlaps nothing before it), so that single steps and fast runs price them alike.
@@ -239,7 +241,8 @@ class PrefixCachingKVManager(PagedKVManager):
             if not start:
                 self.lookup_tokens += req.num_prompt_tokens
                 self.hit_log.append((self.now, req.num_prompt_tokens, 0))
-            self._open.add(rid)
+            if p < len(keys):
+                self._open[rid] = (p + 1) * self.unit_tokens
             return 0
         table = tables.get(rid)
         if table is None:
@@ -285,7 +288,8 @@ class PrefixCachingKVManager(PagedKVManager):
             self._copying[rid] = self._copying.get(rid, 0) + cpu * self.unit_tokens
         if looked or gained:
             self.hit_log.append((self.now, looked, gained))
-        self._open.add(rid)
+        if p < len(keys):
+            self._open[rid] = (p + 1) * self.unit_tokens
         if chain:
             self._held[rid] = chain
             tables[rid] = table
@@ -313,9 +317,9 @@ class PrefixCachingKVManager(PagedKVManager):
         its requests have now computed. Called only while :attr:`registering`."""
         open_ = self._open
         for r, _n in batch:
-            rid = r.req_id
-            if rid in open_:
-                self._register(rid, r.num_computed_tokens)
+            at = open_.get(r.req_id)
+            if at is not None and r.num_computed_tokens >= at:  # a unit is complete
+                self._register(r.req_id, r.num_computed_tokens)
 
     @property
     def registering(self) -> bool:
@@ -323,36 +327,34 @@ class PrefixCachingKVManager(PagedKVManager):
         return bool(self._open)
 
     def _register(self, rid: int, tokens: int) -> None:
-        """Cache the request's prompt units that ``tokens`` of KV now cover."""
-        keys = self._keys.get(rid)
-        if not keys:
-            self._open.discard(rid)
-            return
+        """Cache the request's prompt units that ``tokens`` of KV now cover (its next one
+        at least: :meth:`retired` calls it when that one is complete)."""
+        keys = self._keys[rid]
         chain = self._held.get(rid)
         seg = chain[-1] if chain else None
         k = seg.holders[rid] if seg is not None else 0
         full = tokens // self.unit_tokens
-        if full > len(keys):
+        closed = full >= len(keys)  # its last unit: nothing more to register
+        if closed:
             full = len(keys)
-        if full <= k:
-            return
         unit = self._unit
         n = full - k
         new = keys  # the usual: one prefill chunk of 512 tokens computed one unit, keys[k]
         if n == 1:
             if keys[k] in unit:  # computed by another request too: ours stays private
-                self._open.discard(rid)
-                return
+                n, closed = 0, True
         else:
             new = keys[k:full]
             if not unit.keys().isdisjoint(new):  # from the first computed by another
                 n = next(i for i, key in enumerate(new) if key in unit)  # too, ours stay
-                self._open.discard(rid)  # private
-                if not n:
-                    return
+                closed = True  # private
                 new = new[:n]
-        if full == len(keys):
-            self._open.discard(rid)
+        if closed:
+            del self._open[rid]
+        else:
+            self._open[rid] = (full + 1) * self.unit_tokens
+        if not n:
+            return
         if seg is None or seg.owner != rid or seg.end != k:
             seg = Segment(keys, k, rid)
             if chain is None:
@@ -412,7 +414,7 @@ class PrefixCachingKVManager(PagedKVManager):
     def free(self, req_id: int) -> int:
         self._copying.pop(req_id, None)  # released before it ran: no copy was needed
         chain = self._held.pop(req_id, None)
-        self._open.discard(req_id)
+        self._open.pop(req_id, None)
         if not chain:
             return super().free(req_id)
         table = self._tables.pop(req_id)
