@@ -45,8 +45,9 @@ the prompt), about 24 per Mooncake request instead of 750 blocks):
   ~280k units registered and ~245k evicted, in ~25k registrations, ~23k evictions and
   12k releases): one entry per *chain segment* — the run of units one request registered
   (or brought back from the CPU tier) — not per unit (engine/prefix_segments.py: holders,
-  the referenced range, where the blocks are and the LRU entries are kept per segment;
-  only the key index is per unit, changed in C-level bulk). An unreferenced unit's blocks
+  the referenced range, where the blocks are and the LRU entries are kept per segment,
+  and the index holds one key per segment, its first unit's: a chain enters a segment
+  only at its start). An unreferenced unit's blocks
   lie anonymous on the free list, so evicting it moves no block id; the LRU list holds
   one entry per release, a hit trimming the entries it takes units from.
 
@@ -60,7 +61,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import Request, RequestStatus
@@ -68,7 +68,15 @@ from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
 from sloserve.engine.prefix_host import take_from_host
 from sloserve.engine.prefix_keys import unit_keys
-from sloserve.engine.prefix_segments import LRUEntry, Segment, agree_until, new_top, trim_lru
+from sloserve.engine.prefix_segments import (
+    LRUEntry,
+    Segment,
+    agree_until,
+    cached_until,
+    evict,
+    new_top,
+    trim_lru,
+)
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -102,15 +110,15 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        # Cached units, kept per chain segment (engine/prefix_segments.py): each cached
-        # unit's key maps to its segment (the only per-unit entry; added and removed in
-        # C-level bulk); holders, reference counts, where blocks are and the LRU order
-        # are per segment. An unreferenced unit's blocks are *anonymous*: they lie on the
-        # free list, which then holds ``unit_blocks * _cached`` blocks more than the truly
-        # free ones (``_spare``). Which block ids a unit has never changes a result, only
-        # how many: eviction then moves no block id and release returns a table as the
-        # plain manager does.
-        self._unit: dict[int, Segment] = {}
+        # Cached units, kept per chain segment (engine/prefix_segments.py): the index maps
+        # each live segment's *first* unit's key to it (nothing per unit: a chain enters a
+        # segment only at its start, engine/prefix_segments.py); holders, reference
+        # counts, where blocks are and the LRU order are per segment too. An unreferenced
+        # unit's blocks are *anonymous*: they lie on the free list, which then holds
+        # ``unit_blocks * _cached`` blocks more than the truly free ones (``_spare``).
+        # Which block ids a unit has never changes a result, only how many: eviction then
+        # moves no block id and release returns a table as the plain manager does.
+        self._starts: dict[int, Segment] = {}
         self._held: dict[int, list[Segment]] = {}  # request -> the segments of its prefix
         self._lru: list[LRUEntry] = []  # oldest first; dead entries skipped
         self._lru_head = 0  # the list's first entry eviction has not consumed
@@ -167,7 +175,8 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def _reclaim(self, need: int) -> None:
         """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
-        evict). Their blocks are on the free list already: only the keys go."""
+        evict). Their blocks are on the free list already: only segments' ends move (and a
+        segment left empty leaves the index)."""
         # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
         u, cached = self.unit_blocks, self._cached
         n = -(-(need - len(self._free) + cached * u) // u)
@@ -177,37 +186,13 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         self.evicted_units += n
         self._cached = cached - n
-        drop = self._unit.__delitem__
         lst, i = self._lru, self._lru_head
         entry = lst[i]
         if entry.b - entry.a > n and not self.cpu_cache_units:  # the usual: inside one entry
-            b = entry.b
-            any(map(drop, entry.seg.keys[b - n : b]))
-            entry.seg.end = entry.b = b - n
+            entry.seg.end = entry.b = entry.b - n  # (above the segment's start: it stays)
             return
         host = self._host if self.cpu_cache_units else None
-        while n:
-            entry = lst[i]
-            a, b = entry.a, entry.b
-            if a >= b:  # dead: a hit took its units
-                i += 1
-                continue
-            seg = entry.seg
-            lo = b - n if b - n > a else a  # a segment's highest units go first
-            gone = seg.keys[lo:b]
-            any(map(drop, gone))  # C-level: the index forgets them (returns None each)
-            if host is not None:
-                cap = self.cpu_cache_units
-                for key in reversed(gone):
-                    host[key] = None
-                    host.move_to_end(key)
-                    if len(host) > cap:
-                        host.popitem(last=False)
-            seg.end = entry.b = lo
-            n -= b - lo
-            if lo == a:  # consumed: it was the segment's oldest entry
-                del seg.lru[0]
-                i += 1
+        i = evict(lst, i, n, self._starts, host, self.cpu_cache_units)
         if i > _COMPACT and 2 * i > len(lst):
             del lst[:i]
             i = 0
@@ -235,14 +220,20 @@ class PrefixCachingKVManager(PagedKVManager):
             raise KVInvariantError(f"request {rid} looked up its prefix while holding KV")
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
-        unit, free, tables = self._unit, self._free, self._tables
+        starts, free, tables = self._starts, self._free, self._tables
         p = start
-        if (p >= most or keys[p] not in unit) and not self._host:  # a miss: only accounting
+        # The chain goes on in a segment that starts at p, or (a refresh) in the one it
+        # holds last, if that one has grown since (engine/prefix_segments.py).
+        seg = starts.get(keys[p]) if p < most else None
+        if seg is None and chain and p < most:
+            last = chain[-1]
+            if last.end > p and last.keys[p] == keys[p]:
+                seg = last
+        if seg is None and not self._host:  # a miss: only accounting
             if not start:
                 self.lookup_tokens += req.num_prompt_tokens
                 self.hit_log.append((self.now, req.num_prompt_tokens, 0))
-            if p < len(keys):
-                self._open[rid] = (p + 1) * self.unit_tokens
+            self._next_unit(rid, p, len(keys))
             return 0
         table = tables.get(rid)
         if table is None:
@@ -250,10 +241,7 @@ class PrefixCachingKVManager(PagedKVManager):
         if chain is None:
             chain = []
         u = self.unit_blocks
-        while p < most:
-            seg = unit.get(keys[p])
-            if seg is None:
-                break
+        while seg is not None:
             # This segment's units from p, as far as the chain goes on in it.
             lim = most if most < seg.end else seg.end
             if seg.keys[lim - 1] != keys[lim - 1]:  # the chains part inside it
@@ -275,6 +263,7 @@ class PrefixCachingKVManager(PagedKVManager):
                 chain.append(seg)
             seg.holders[rid] = lim
             p = lim
+            seg = starts.get(keys[p]) if p < most else None
         gpu = p
         if self._host and gpu < most:  # then in the CPU tier: copied back
             p = take_from_host(self, rid, keys, p, most, chain, table)
@@ -288,25 +277,33 @@ class PrefixCachingKVManager(PagedKVManager):
             self._copying[rid] = self._copying.get(rid, 0) + cpu * self.unit_tokens
         if looked or gained:
             self.hit_log.append((self.now, looked, gained))
-        if p < len(keys):
-            self._open[rid] = (p + 1) * self.unit_tokens
+        self._next_unit(rid, p, len(keys))
         if chain:
             self._held[rid] = chain
             tables[rid] = table
             self._tokens[rid] = p * self.unit_tokens
         return gained
 
+    def _next_unit(self, rid: int, held: int, units: int) -> None:
+        """The request holds ``held`` of its prompt's ``units`` cached: it registers its
+        next one when computed, or, holding all, is not open."""
+        if held < units:
+            self._open[rid] = (held + 1) * self.unit_tokens
+        else:
+            self._open.pop(rid, None)
+
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
-        # A unit at a time: a router asks every replica, and most miss at once (a walk by
-        # segments, as lookup_prefix's, measured slower here: 0.81 against 0.56 µs a call).
+        # Segment by segment on the GPU, as lookup_prefix walks (most calls miss at the
+        # first probe: a router asks every replica), then a unit at a time in the CPU tier
+        # (cached units are prefix-closed on the GPU: a unit is evicted after the units
+        # that continue its chain, so none of those is on the GPU past the walk's end).
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
-        unit, host = self._unit, self._host
-        n = 0
-        for key in keys:
-            if key not in unit and key not in host:
-                break
-            n += 1
-        return n * self.unit_tokens
+        p, n = cached_until(self._starts, keys), len(keys)
+        host = self._host
+        if host:
+            while p < n and keys[p] in host:
+                p += 1
+        return p * self.unit_tokens
 
     def take_transfer_tokens(self) -> int:
         moved, self._transfer = self._transfer, 0
@@ -337,18 +334,20 @@ class PrefixCachingKVManager(PagedKVManager):
         closed = full >= len(keys)  # its last unit: nothing more to register
         if closed:
             full = len(keys)
-        unit = self._unit
+        starts = self._starts
         n = full - k
-        new = keys  # the usual: one prefill chunk of 512 tokens computed one unit, keys[k]
-        if n == 1:
-            if keys[k] in unit:  # computed by another request too: ours stays private
+        # From the first unit another request computed too (cached already), this
+        # prompt's units stay private. Cached already at k: in the segment this request
+        # holds last, which may go on past what it holds, or at a segment's start; past k,
+        # only at a segment's start (engine/prefix_segments.py).
+        if seg is not None and seg.end > k and seg.keys[k] == keys[k]:
+            n, closed = 0, True
+        elif n == 1:  # the usual: one prefill chunk of 512 tokens computed one unit
+            if keys[k] in starts:
                 n, closed = 0, True
-        else:
-            new = keys[k:full]
-            if not unit.keys().isdisjoint(new):  # from the first computed by another
-                n = next(i for i, key in enumerate(new) if key in unit)  # too, ours stay
-                closed = True  # private
-                new = new[:n]
+        elif not starts.keys().isdisjoint(keys[k:full]):
+            n = next(i for i in range(k, full) if keys[i] in starts) - k
+            closed = True
         if closed:
             del self._open[rid]
         else:
@@ -357,15 +356,12 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         if seg is None or seg.owner != rid or seg.end != k:
             seg = Segment(keys, k, rid)
+            starts[keys[k]] = seg
             if chain is None:
                 chain = self._held[rid] = []
             chain.append(seg)
         seg.end = seg.top = seg.holders[rid] = k + n
         seg.ref = rid
-        if n == 1:
-            unit[keys[k]] = seg
-        else:
-            unit.update(zip(new, repeat(seg)))
         self.registered += n
 
     # ------------------------------------------------------------------ allocation
@@ -529,7 +525,9 @@ def reuse_prefix(inst: Instance, req: Request) -> None:
     hit = kv.lookup_prefix(req)
     if hit:
         req.num_computed_tokens = hit
-        req.num_cached_tokens = hit
+    # What it found this time, none included (a recompute-preempted request found its
+    # prefix before: counted again, it could exceed its prompt).
+    req.num_cached_tokens = hit
 
 
 REFRESH_HEAD = 8
