@@ -336,18 +336,13 @@ class PrefixCachingKVManager(PagedKVManager):
             full = len(keys)
         starts = self._starts
         n = full - k
-        # From the first unit another request computed too (cached already), this
-        # prompt's units stay private. Cached already at k: in the segment this request
-        # holds last, which may go on past what it holds, or at a segment's start; past k,
-        # only at a segment's start (engine/prefix_segments.py).
-        if seg is not None and seg.end > k and seg.keys[k] == keys[k]:
+        # A unit another request computed too (cached already) stays private, and so does
+        # the rest of this prompt. Cached already: in the segment this request holds last,
+        # which may go on past what it holds, or at a segment's start; and the units past
+        # ``k`` are cached only if unit ``k`` is (engine/prefix_segments.py: a chain
+        # enters a segment at its start; cached units are prefix-closed).
+        if (seg is not None and seg.end > k and seg.keys[k] == keys[k]) or keys[k] in starts:
             n, closed = 0, True
-        elif n == 1:  # the usual: one prefill chunk of 512 tokens computed one unit
-            if keys[k] in starts:
-                n, closed = 0, True
-        elif not starts.keys().isdisjoint(keys[k:full]):
-            n = next(i for i in range(k, full) if keys[i] in starts) - k
-            closed = True
         if closed:
             del self._open[rid]
         else:

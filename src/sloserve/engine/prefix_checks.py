@@ -115,6 +115,9 @@ def _check_segments(kv: PrefixCachingKVManager, segs: dict[int, Segment]) -> Non
         entries += len(seg.lru)
     if indexed != len(live):
         raise KVInvariantError(f"{indexed} units cached in segments, {len(live)} distinct")
+    for seg in segs.values():  # prefix-closed: a cached unit's parent is cached
+        if seg.lo and seg.keys[seg.lo - 1] not in live:
+            raise KVInvariantError(f"segment at {seg.lo}: the unit before it is not cached")
     if kv._cached != cached:
         raise KVInvariantError(f"{kv._cached} unreferenced cached units counted, {cached} found")
     if entries != len(place):

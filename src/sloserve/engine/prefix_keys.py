@@ -14,15 +14,34 @@ integer/tuple hashes (deterministic: no hash randomisation for ints), 64 bits wi
 
 from __future__ import annotations
 
-import functools
+_RECENT: dict[tuple[int, int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+"""The last prompts' keys, by the identity of their ``hash_ids`` (a router asks for every
+replica of one decision, then the chosen replica looks up): an identity test instead of
+hashing the ids again, as a cache keyed by the ids' value would. Each entry keeps its
+``hash_ids`` alive, so that no other tuple takes its id while it is here."""
+
+_RECENT_SIZE = 256
 
 
-@functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
 def unit_keys(
     hash_ids: tuple[int, ...], prompt_tokens: int, unit_tokens: int, source_tokens: int
 ) -> tuple[int, ...]:
     """Keys of the full cache units of a prompt (module docstring). Only units inside the
     prompt and covered by ``hash_ids`` have a key."""
+    at = (id(hash_ids), prompt_tokens, unit_tokens, source_tokens)
+    seen = _RECENT.get(at)
+    if seen is not None and seen[0] is hash_ids:
+        return seen[1]
+    keys = _unit_keys(hash_ids, prompt_tokens, unit_tokens, source_tokens)
+    _RECENT[at] = (hash_ids, keys)
+    if len(_RECENT) > _RECENT_SIZE:
+        del _RECENT[next(iter(_RECENT))]  # the oldest
+    return keys
+
+
+def _unit_keys(
+    hash_ids: tuple[int, ...], prompt_tokens: int, unit_tokens: int, source_tokens: int
+) -> tuple[int, ...]:
     covered = min(prompt_tokens, len(hash_ids) * source_tokens)
     n = covered // unit_tokens
     if n == 0:
