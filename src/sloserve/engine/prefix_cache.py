@@ -41,15 +41,10 @@ the prompt), about 24 per Mooncake request instead of 750 blocks):
   cached memory as free, so with no prefix shared every decision is the one it would take
   without caching. ``num_request_blocks`` (what preempting a request frees) counts only
   the blocks it alone holds.
-- Bookkeeping (what caching costs in run time: on the full Mooncake conversation trace
-  ~280k units registered and ~245k evicted, in ~25k registrations, ~23k evictions and
-  12k releases): one entry per *chain segment* — the run of units one request registered
-  (or brought back from the CPU tier) — not per unit (engine/prefix_segments.py: holders,
-  the referenced range, where the blocks are and the LRU entries are kept per segment,
-  and the index holds one key per segment, its first unit's: a chain enters a segment
-  only at its start). An unreferenced unit's blocks
-  lie anonymous on the free list, so evicting it moves no block id; the LRU list holds
-  one entry per release, a hit trimming the entries it takes units from.
+- Bookkeeping (~280k units registered and ~245k evicted on the full Mooncake trace, in
+  ~25k registrations, ~23k evictions and 12k releases): one entry per *chain segment*,
+  the run of units one request registered, nothing per unit (engine/prefix_segments.py).
+  An unreferenced unit's blocks lie anonymous on the free list: evicting moves no block.
 
 A waiting request holding cached blocks could keep a replica from running anything (its
 blocks are what the running ones need): when a policy schedules no batch, the queued
@@ -75,6 +70,7 @@ from sloserve.engine.prefix_segments import (
     cached_until,
     evict,
     new_top,
+    shared_units,
     trim_lru,
 )
 
@@ -197,12 +193,6 @@ class PrefixCachingKVManager(PagedKVManager):
             del lst[:i]
             i = 0
         self._lru_head = i
-
-    def _compact_lru(self) -> None:
-        """Drop the LRU list's dead entries (emptied by hits), keeping its order: without
-        evictions to consume them, hits and releases would grow it without bound."""
-        self._lru = [e for e in self._lru[self._lru_head :] if e.a < e.b]
-        self._lru_head = 0
 
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
@@ -385,22 +375,43 @@ class PrefixCachingKVManager(PagedKVManager):
         return new
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
-        # Decodes grow past the prompt: nothing to register, only room to make.
+        # Decodes grow past the prompt: nothing to register, only room to make. With the
+        # memory full of cached units (the steady state) each counts what it needs: the
+        # plain manager's growth is inlined with that count (33,000 calls a Mooncake run).
         cached = self._cached
-        if cached and len(self._free) - cached * self.unit_blocks < len(req_ids) * (
-            n_new_tokens // self.block_size + 1
-        ):
-            bs, tables, tokens = self.block_size, self._tables, self._tokens
-            need = 0  # blocks_needed of each, summed (inlined: once a call when memory is full)
+        if not cached:
+            return super().grow_many(req_ids, n_new_tokens)
+        bs, tables, tokens, free = self.block_size, self._tables, self._tokens, self._free
+        if n_new_tokens == 1:  # a request takes a block when its last one is full
+            takers = [r for r in req_ids if not tokens[r] % bs]
+            if len(takers) > len(free) - cached * self.unit_blocks:  # more than truly free
+                if len(takers) > len(free):
+                    return False
+                self._reclaim(len(takers))
+            for r in req_ids:
+                tokens[r] += 1
+            for r in takers:
+                tables[r].append(free.pop())
+            return True
+        if len(free) - cached * self.unit_blocks < len(req_ids) * (n_new_tokens // bs + 1):
+            need = 0  # blocks_needed of each, summed
             for r in req_ids:
                 more = -(-(tokens[r] + n_new_tokens) // bs) - len(tables[r])
                 if more > 0:
                     need += more
-            if need > len(self._free) - cached * self.unit_blocks:  # more than truly free
-                if need > len(self._free):
+            if need > len(free) - cached * self.unit_blocks:
+                if need > len(free):
                     return False
                 self._reclaim(need)
-        return super().grow_many(req_ids, n_new_tokens)
+        for r in req_ids:  # the plain manager's growth (engine/kv.py)
+            t = tokens[r]
+            tokens[r] = t + n_new_tokens
+            slack = -t % bs
+            if n_new_tokens > slack:
+                more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
+                tables[r].extend(free[-more:])
+                del free[-more:]
+        return True
 
     def free(self, req_id: int) -> int:
         self._copying.pop(req_id, None)  # released before it ran: no copy was needed
@@ -440,7 +451,9 @@ class PrefixCachingKVManager(PagedKVManager):
             if older.ref == req_id:
                 new_top(older)
         if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly dead entries
-            self._compact_lru()
+            # Without evictions to consume them, hits and releases would grow it unbounded.
+            self._lru = [e for e in lst[self._lru_head :] if e.a < e.b]  # (order kept)
+            self._lru_head = 0
         # The released units' blocks join the free list (anonymous) with the private ones.
         self._free.extend(table[cut * self.unit_blocks :] if cut else table)
         return len(table)
@@ -466,12 +479,7 @@ class PrefixCachingKVManager(PagedKVManager):
         chain = self._held.get(req_id)
         if not chain:
             return len(table)
-        shared = 0  # its units some other request holds too
-        for seg in chain:
-            end = seg.holders[req_id]
-            other = max((e for r, e in seg.holders.items() if r != req_id), default=seg.lo)
-            shared += min(end, other) - seg.lo
-        return len(table) - self.unit_blocks * shared
+        return len(table) - self.unit_blocks * shared_units(chain, req_id)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         table = self._tables.get(req_id)
@@ -563,20 +571,6 @@ def refresh_queued(inst: Instance) -> None:
             r.num_cached_tokens += gained
 
 
-def _release(inst: Instance, kv: PrefixCachingKVManager) -> bool:
-    """Queued requests give back the cached blocks they hold; True when any did."""
-    released = False
-    for r in reversed(inst.waiting):
-        if r.status in _QUEUED and r.num_computed_tokens:
-            kv.released_tokens += r.num_computed_tokens  # found, but never used
-            kv.hit_log.append((inst.env.now, 0, -r.num_computed_tokens))
-            kv.free(r.req_id)
-            r.num_computed_tokens = 0
-            r.num_cached_tokens = 0
-            released = True
-    return released
-
-
 def unblock(inst: Instance, out: SchedulerOutput) -> SchedulerOutput:
     """``out`` as the policy decided, or, when it has no batch and queued requests held
     cached blocks (now released, :func:`release_queued_prefixes`), the policy's new one."""
@@ -592,4 +586,13 @@ def release_queued_prefixes(inst: Instance, out: SchedulerOutput) -> bool:
     kv = inst.kv
     if out.batch or not isinstance(kv, PrefixCachingKVManager):
         return False
-    return _release(inst, kv)
+    released = False
+    for r in reversed(inst.waiting):
+        if r.status in _QUEUED and r.num_computed_tokens:
+            kv.released_tokens += r.num_computed_tokens  # found, but never used
+            kv.hit_log.append((inst.env.now, 0, -r.num_computed_tokens))
+            kv.free(r.req_id)
+            r.num_computed_tokens = 0
+            r.num_cached_tokens = 0
+            released = True
+    return released

@@ -14,13 +14,11 @@ integer/tuple hashes (deterministic: no hash randomisation for ints), 64 bits wi
 
 from __future__ import annotations
 
-_RECENT: dict[tuple[int, int, int, int], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-"""The last prompts' keys, by the identity of their ``hash_ids`` (a router asks for every
-replica of one decision, then the chosen replica looks up): an identity test instead of
-hashing the ids again, as a cache keyed by the ids' value would. Each entry keeps its
-``hash_ids`` alive, so that no other tuple takes its id while it is here."""
-
-_RECENT_SIZE = 256
+_last: tuple[tuple[int, ...] | None, int, int, int, tuple[int, ...]] = (None, 0, 0, 0, ())
+"""The last prompt's keys, by the identity of its ``hash_ids`` (a router asks for every
+replica of one decision, then the chosen replica looks up, usually before the next
+request comes): an identity test instead of hashing the ids again. It keeps that
+``hash_ids`` alive, so that no other tuple takes its id meanwhile."""
 
 
 def unit_keys(
@@ -28,14 +26,12 @@ def unit_keys(
 ) -> tuple[int, ...]:
     """Keys of the full cache units of a prompt (module docstring). Only units inside the
     prompt and covered by ``hash_ids`` have a key."""
-    at = (id(hash_ids), prompt_tokens, unit_tokens, source_tokens)
-    seen = _RECENT.get(at)
-    if seen is not None and seen[0] is hash_ids:
-        return seen[1]
+    global _last
+    ids, p, u, s, keys = _last
+    if ids is hash_ids and p == prompt_tokens and u == unit_tokens and s == source_tokens:
+        return keys
     keys = _unit_keys(hash_ids, prompt_tokens, unit_tokens, source_tokens)
-    _RECENT[at] = (hash_ids, keys)
-    if len(_RECENT) > _RECENT_SIZE:
-        del _RECENT[next(iter(_RECENT))]  # the oldest
+    _last = (hash_ids, prompt_tokens, unit_tokens, source_tokens, keys)
     return keys
 
 

@@ -49,7 +49,16 @@ import bisect
 from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["LRUEntry", "Segment", "agree_until", "cached_until", "evict", "new_top", "trim_lru"]
+__all__ = [
+    "LRUEntry",
+    "Segment",
+    "agree_until",
+    "cached_until",
+    "evict",
+    "new_top",
+    "shared_units",
+    "trim_lru",
+]
 
 
 class Segment:
@@ -171,3 +180,14 @@ def cached_until(starts: dict[int, Segment], keys: Sequence[int]) -> int:
         p = lim
         seg = starts.get(keys[p]) if p < n else None
     return p
+
+
+def shared_units(chain: Sequence[Segment], rid: int) -> int:
+    """How many of the units request ``rid`` holds (in the segments ``chain``) some other
+    request holds too."""
+    shared = 0
+    for seg in chain:
+        end = seg.holders[rid]
+        other = max((e for r, e in seg.holders.items() if r != rid), default=seg.lo)
+        shared += min(end, other) - seg.lo
+    return shared
