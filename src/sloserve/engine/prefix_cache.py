@@ -375,23 +375,24 @@ class PrefixCachingKVManager(PagedKVManager):
         return new
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
-        # Decodes grow past the prompt: nothing to register, only room to make. With the
-        # memory full of cached units (the steady state) each counts what it needs: the
-        # plain manager's growth is inlined with that count (33,000 calls a Mooncake run).
+        # Decodes grow past the prompt: nothing to register, only room to make (counted
+        # when the truly free blocks may not do; the plain manager's growth inlined).
         cached = self._cached
         if not cached:
             return super().grow_many(req_ids, n_new_tokens)
         bs, tables, tokens, free = self.block_size, self._tables, self._tokens, self._free
         if n_new_tokens == 1:  # a request takes a block when its last one is full
-            takers = [r for r in req_ids if not tokens[r] % bs]
-            if len(takers) > len(free) - cached * self.unit_blocks:  # more than truly free
-                if len(takers) > len(free):
-                    return False
-                self._reclaim(len(takers))
-            for r in req_ids:
-                tokens[r] += 1
-            for r in takers:
-                tables[r].append(free.pop())
+            if len(free) - cached * self.unit_blocks < len(req_ids):  # maybe not enough
+                takers = len([r for r in req_ids if not tokens[r] % bs])
+                if takers > len(free) - cached * self.unit_blocks:  # more than truly free
+                    if takers > len(free):
+                        return False
+                    self._reclaim(takers)
+            for r in req_ids:  # the plain manager's single step
+                t = tokens[r]
+                tokens[r] = t + 1
+                if not t % bs:
+                    tables[r].append(free.pop())
             return True
         if len(free) - cached * self.unit_blocks < len(req_ids) * (n_new_tokens // bs + 1):
             need = 0  # blocks_needed of each, summed
@@ -414,7 +415,8 @@ class PrefixCachingKVManager(PagedKVManager):
         return True
 
     def free(self, req_id: int) -> int:
-        self._copying.pop(req_id, None)  # released before it ran: no copy was needed
+        if self._copying:  # released before it ran: no copy was needed
+            self._copying.pop(req_id, None)
         chain = self._held.pop(req_id, None)
         self._open.pop(req_id, None)
         if not chain:
