@@ -202,7 +202,7 @@ def test_invariant_check_catches_a_corrupted_reference_count() -> None:
     kv = mgr()
     kv.lookup_prefix(rq(1, (1, 2), 17))
     grow(kv, 1, 17)
-    seg = next(iter(kv._unit.values()))
+    seg = next(iter(kv._starts.values()))
     seg.holders[7] = seg.top  # one holder more than hold it
     with pytest.raises(KVInvariantError):
         kv.check_invariants()

@@ -41,14 +41,10 @@ the prompt), about 24 per Mooncake request instead of 750 blocks):
   cached memory as free, so with no prefix shared every decision is the one it would take
   without caching. ``num_request_blocks`` (what preempting a request frees) counts only
   the blocks it alone holds.
-- Bookkeeping (what caching costs in run time: on the full Mooncake conversation trace
-  ~280k units registered and ~245k evicted, in ~25k registrations, ~23k evictions and
-  12k releases): one entry per *chain segment* — the run of units one request registered
-  (or brought back from the CPU tier) — not per unit (engine/prefix_segments.py: holders,
-  the referenced range, where the blocks are and the LRU entries are kept per segment;
-  only the key index is per unit, changed in C-level bulk). An unreferenced unit's blocks
-  lie anonymous on the free list, so evicting it moves no block id; the LRU list holds
-  one entry per release, a hit trimming the entries it takes units from.
+- Bookkeeping (~280k units registered and ~245k evicted on the full Mooncake trace, in
+  ~25k registrations, ~23k evictions and 12k releases): one entry per *chain segment*,
+  the run of units one request registered, nothing per unit (engine/prefix_segments.py).
+  An unreferenced unit's blocks lie anonymous on the free list: evicting moves no block.
 
 A waiting request holding cached blocks could keep a replica from running anything (its
 blocks are what the running ones need): when a policy schedules no batch, the queued
@@ -60,7 +56,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import Request, RequestStatus
@@ -68,7 +63,16 @@ from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
 from sloserve.engine.prefix_host import take_from_host
 from sloserve.engine.prefix_keys import unit_keys
-from sloserve.engine.prefix_segments import LRUEntry, Segment, agree_until, new_top, trim_lru
+from sloserve.engine.prefix_segments import (
+    LRUEntry,
+    Segment,
+    agree_until,
+    cached_until,
+    evict,
+    new_top,
+    shared_units,
+    trim_lru,
+)
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -102,22 +106,24 @@ class PrefixCachingKVManager(PagedKVManager):
         self.unit_tokens = self.unit_blocks * block_size
         self.source_block_tokens = source_block_tokens
         self.cpu_cache_units = cpu_cache_blocks // self.unit_blocks
-        # Cached units, kept per chain segment (engine/prefix_segments.py): each cached
-        # unit's key maps to its segment (the only per-unit entry; added and removed in
-        # C-level bulk); holders, reference counts, where blocks are and the LRU order
-        # are per segment. An unreferenced unit's blocks are *anonymous*: they lie on the
-        # free list, which then holds ``unit_blocks * _cached`` blocks more than the truly
-        # free ones (``_spare``). Which block ids a unit has never changes a result, only
-        # how many: eviction then moves no block id and release returns a table as the
-        # plain manager does.
-        self._unit: dict[int, Segment] = {}
+        # Cached units, kept per chain segment (engine/prefix_segments.py): the index maps
+        # each live segment's *first* unit's key to it (nothing per unit: a chain enters a
+        # segment only at its start, engine/prefix_segments.py); holders, reference
+        # counts, where blocks are and the LRU order are per segment too. An unreferenced
+        # unit's blocks are *anonymous*: they lie on the free list, which then holds
+        # ``unit_blocks * _cached`` blocks more than the truly free ones (``_spare``).
+        # Which block ids a unit has never changes a result, only how many: eviction then
+        # moves no block id and release returns a table as the plain manager does.
+        self._starts: dict[int, Segment] = {}
         self._held: dict[int, list[Segment]] = {}  # request -> the segments of its prefix
         self._lru: list[LRUEntry] = []  # oldest first; dead entries skipped
         self._lru_head = 0  # the list's first entry eviction has not consumed
         self._cached = 0  # unreferenced cached units
         self._host: OrderedDict[int, None] = OrderedDict()  # keys in the CPU tier, LRU
         self._keys: dict[int, tuple[int, ...]] = {}  # request -> keys of its prompt's units
-        self._open: set[int] = set()  # requests that still register their new units
+        # Requests that still register their new units -> the computed tokens at which
+        # their next unit is complete (retiring a batch skips the others at one test).
+        self._open: dict[int, int] = {}
         self._transfer = 0
         # CPU-tier hits are priced in the iteration that admits their request (the copy
         # overlaps nothing before it), so that single steps and fast runs price them alike.
@@ -165,7 +171,8 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def _reclaim(self, need: int) -> None:
         """Evict LRU cached units until ``need`` blocks are truly free (or none is left to
-        evict). Their blocks are on the free list already: only the keys go."""
+        evict). Their blocks are on the free list already: only segments' ends move (and a
+        segment left empty leaves the index)."""
         # Whole units, oldest first: as many as the shortfall needs (one pass, no re-test).
         u, cached = self.unit_blocks, self._cached
         n = -(-(need - len(self._free) + cached * u) // u)
@@ -175,47 +182,17 @@ class PrefixCachingKVManager(PagedKVManager):
             return
         self.evicted_units += n
         self._cached = cached - n
-        drop = self._unit.__delitem__
         lst, i = self._lru, self._lru_head
         entry = lst[i]
         if entry.b - entry.a > n and not self.cpu_cache_units:  # the usual: inside one entry
-            b = entry.b
-            any(map(drop, entry.seg.keys[b - n : b]))
-            entry.seg.end = entry.b = b - n
+            entry.seg.end = entry.b = entry.b - n  # (above the segment's start: it stays)
             return
         host = self._host if self.cpu_cache_units else None
-        while n:
-            entry = lst[i]
-            a, b = entry.a, entry.b
-            if a >= b:  # dead: a hit took its units
-                i += 1
-                continue
-            seg = entry.seg
-            lo = b - n if b - n > a else a  # a segment's highest units go first
-            gone = seg.keys[lo:b]
-            any(map(drop, gone))  # C-level: the index forgets them (returns None each)
-            if host is not None:
-                cap = self.cpu_cache_units
-                for key in reversed(gone):
-                    host[key] = None
-                    host.move_to_end(key)
-                    if len(host) > cap:
-                        host.popitem(last=False)
-            seg.end = entry.b = lo
-            n -= b - lo
-            if lo == a:  # consumed: it was the segment's oldest entry
-                del seg.lru[0]
-                i += 1
+        i = evict(lst, i, n, self._starts, host, self.cpu_cache_units)
         if i > _COMPACT and 2 * i > len(lst):
             del lst[:i]
             i = 0
         self._lru_head = i
-
-    def _compact_lru(self) -> None:
-        """Drop the LRU list's dead entries (emptied by hits), keeping its order: without
-        evictions to consume them, hits and releases would grow it without bound."""
-        self._lru = [e for e in self._lru[self._lru_head :] if e.a < e.b]
-        self._lru_head = 0
 
     # ------------------------------------------------------------------ prefix reuse
     def lookup_prefix(self, req: Request) -> int:
@@ -233,13 +210,20 @@ class PrefixCachingKVManager(PagedKVManager):
             raise KVInvariantError(f"request {rid} looked up its prefix while holding KV")
         # Leave at least one prompt token to compute: it emits the next token.
         most = min(len(keys), (req.num_prompt_tokens - 1) // self.unit_tokens)
-        unit, free, tables = self._unit, self._free, self._tables
+        starts, free, tables = self._starts, self._free, self._tables
         p = start
-        if (p >= most or keys[p] not in unit) and not self._host:  # a miss: only accounting
+        # The chain goes on in a segment that starts at p, or (a refresh) in the one it
+        # holds last, if that one has grown since (engine/prefix_segments.py).
+        seg = starts.get(keys[p]) if p < most else None
+        if seg is None and chain and p < most:
+            last = chain[-1]
+            if last.end > p and last.keys[p] == keys[p]:
+                seg = last
+        if seg is None and not self._host:  # a miss: only accounting
             if not start:
                 self.lookup_tokens += req.num_prompt_tokens
                 self.hit_log.append((self.now, req.num_prompt_tokens, 0))
-            self._open.add(rid)
+            self._next_unit(rid, p, len(keys))
             return 0
         table = tables.get(rid)
         if table is None:
@@ -247,10 +231,7 @@ class PrefixCachingKVManager(PagedKVManager):
         if chain is None:
             chain = []
         u = self.unit_blocks
-        while p < most:
-            seg = unit.get(keys[p])
-            if seg is None:
-                break
+        while seg is not None:
             # This segment's units from p, as far as the chain goes on in it.
             lim = most if most < seg.end else seg.end
             if seg.keys[lim - 1] != keys[lim - 1]:  # the chains part inside it
@@ -272,6 +253,7 @@ class PrefixCachingKVManager(PagedKVManager):
                 chain.append(seg)
             seg.holders[rid] = lim
             p = lim
+            seg = starts.get(keys[p]) if p < most else None
         gpu = p
         if self._host and gpu < most:  # then in the CPU tier: copied back
             p = take_from_host(self, rid, keys, p, most, chain, table)
@@ -285,24 +267,33 @@ class PrefixCachingKVManager(PagedKVManager):
             self._copying[rid] = self._copying.get(rid, 0) + cpu * self.unit_tokens
         if looked or gained:
             self.hit_log.append((self.now, looked, gained))
-        self._open.add(rid)
+        self._next_unit(rid, p, len(keys))
         if chain:
             self._held[rid] = chain
             tables[rid] = table
             self._tokens[rid] = p * self.unit_tokens
         return gained
 
+    def _next_unit(self, rid: int, held: int, units: int) -> None:
+        """The request holds ``held`` of its prompt's ``units`` cached: it registers its
+        next one when computed, or, holding all, is not open."""
+        if held < units:
+            self._open[rid] = (held + 1) * self.unit_tokens
+        else:
+            self._open.pop(rid, None)
+
     def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
-        # A unit at a time: a router asks every replica, and most miss at once (a walk by
-        # segments, as lookup_prefix's, measured slower here: 0.81 against 0.56 µs a call).
+        # Segment by segment on the GPU, as lookup_prefix walks (most calls miss at the
+        # first probe: a router asks every replica), then a unit at a time in the CPU tier
+        # (cached units are prefix-closed on the GPU: a unit is evicted after the units
+        # that continue its chain, so none of those is on the GPU past the walk's end).
         keys = unit_keys(tuple(hash_ids), prompt_tokens, self.unit_tokens, self.source_block_tokens)
-        unit, host = self._unit, self._host
-        n = 0
-        for key in keys:
-            if key not in unit and key not in host:
-                break
-            n += 1
-        return n * self.unit_tokens
+        p, n = cached_until(self._starts, keys), len(keys)
+        host = self._host
+        if host:
+            while p < n and keys[p] in host:
+                p += 1
+        return p * self.unit_tokens
 
     def take_transfer_tokens(self) -> int:
         moved, self._transfer = self._transfer, 0
@@ -313,9 +304,9 @@ class PrefixCachingKVManager(PagedKVManager):
         its requests have now computed. Called only while :attr:`registering`."""
         open_ = self._open
         for r, _n in batch:
-            rid = r.req_id
-            if rid in open_:
-                self._register(rid, r.num_computed_tokens)
+            at = open_.get(r.req_id)
+            if at is not None and r.num_computed_tokens >= at:  # a unit is complete
+                self._register(r.req_id, r.num_computed_tokens)
 
     @property
     def registering(self) -> bool:
@@ -323,47 +314,39 @@ class PrefixCachingKVManager(PagedKVManager):
         return bool(self._open)
 
     def _register(self, rid: int, tokens: int) -> None:
-        """Cache the request's prompt units that ``tokens`` of KV now cover."""
-        keys = self._keys.get(rid)
-        if not keys:
-            self._open.discard(rid)
-            return
+        """Cache the request's prompt units that ``tokens`` of KV now cover (its next one
+        at least: :meth:`retired` calls it when that one is complete)."""
+        keys = self._keys[rid]
         chain = self._held.get(rid)
         seg = chain[-1] if chain else None
         k = seg.holders[rid] if seg is not None else 0
         full = tokens // self.unit_tokens
-        if full > len(keys):
+        closed = full >= len(keys)  # its last unit: nothing more to register
+        if closed:
             full = len(keys)
-        if full <= k:
-            return
-        unit = self._unit
+        starts = self._starts
         n = full - k
-        new = keys  # the usual: one prefill chunk of 512 tokens computed one unit, keys[k]
-        if n == 1:
-            if keys[k] in unit:  # computed by another request too: ours stays private
-                self._open.discard(rid)
-                return
+        # A unit another request computed too (cached already) stays private, and so does
+        # the rest of this prompt. Cached already: in the segment this request holds last,
+        # which may go on past what it holds, or at a segment's start; and the units past
+        # ``k`` are cached only if unit ``k`` is (engine/prefix_segments.py: a chain
+        # enters a segment at its start; cached units are prefix-closed).
+        if (seg is not None and seg.end > k and seg.keys[k] == keys[k]) or keys[k] in starts:
+            n, closed = 0, True
+        if closed:
+            del self._open[rid]
         else:
-            new = keys[k:full]
-            if not unit.keys().isdisjoint(new):  # from the first computed by another
-                n = next(i for i, key in enumerate(new) if key in unit)  # too, ours stay
-                self._open.discard(rid)  # private
-                if not n:
-                    return
-                new = new[:n]
-        if full == len(keys):
-            self._open.discard(rid)
+            self._open[rid] = (full + 1) * self.unit_tokens
+        if not n:
+            return
         if seg is None or seg.owner != rid or seg.end != k:
             seg = Segment(keys, k, rid)
+            starts[keys[k]] = seg
             if chain is None:
                 chain = self._held[rid] = []
             chain.append(seg)
         seg.end = seg.top = seg.holders[rid] = k + n
         seg.ref = rid
-        if n == 1:
-            unit[keys[k]] = seg
-        else:
-            unit.update(zip(new, repeat(seg)))
         self.registered += n
 
     # ------------------------------------------------------------------ allocation
@@ -392,27 +375,50 @@ class PrefixCachingKVManager(PagedKVManager):
         return new
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
-        # Decodes grow past the prompt: nothing to register, only room to make.
+        # Decodes grow past the prompt: nothing to register, only room to make (counted
+        # when the truly free blocks may not do; the plain manager's growth inlined).
         cached = self._cached
-        if cached and len(self._free) - cached * self.unit_blocks < len(req_ids) * (
-            n_new_tokens // self.block_size + 1
-        ):
-            bs, tables, tokens = self.block_size, self._tables, self._tokens
-            need = 0  # blocks_needed of each, summed (inlined: once a call when memory is full)
+        if not cached:
+            return super().grow_many(req_ids, n_new_tokens)
+        bs, tables, tokens, free = self.block_size, self._tables, self._tokens, self._free
+        if n_new_tokens == 1:  # a request takes a block when its last one is full
+            if len(free) - cached * self.unit_blocks < len(req_ids):  # maybe not enough
+                takers = len([r for r in req_ids if not tokens[r] % bs])
+                if takers > len(free) - cached * self.unit_blocks:  # more than truly free
+                    if takers > len(free):
+                        return False
+                    self._reclaim(takers)
+            for r in req_ids:  # the plain manager's single step
+                t = tokens[r]
+                tokens[r] = t + 1
+                if not t % bs:
+                    tables[r].append(free.pop())
+            return True
+        if len(free) - cached * self.unit_blocks < len(req_ids) * (n_new_tokens // bs + 1):
+            need = 0  # blocks_needed of each, summed
             for r in req_ids:
                 more = -(-(tokens[r] + n_new_tokens) // bs) - len(tables[r])
                 if more > 0:
                     need += more
-            if need > len(self._free) - cached * self.unit_blocks:  # more than truly free
-                if need > len(self._free):
+            if need > len(free) - cached * self.unit_blocks:
+                if need > len(free):
                     return False
                 self._reclaim(need)
-        return super().grow_many(req_ids, n_new_tokens)
+        for r in req_ids:  # the plain manager's growth (engine/kv.py)
+            t = tokens[r]
+            tokens[r] = t + n_new_tokens
+            slack = -t % bs
+            if n_new_tokens > slack:
+                more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
+                tables[r].extend(free[-more:])
+                del free[-more:]
+        return True
 
     def free(self, req_id: int) -> int:
-        self._copying.pop(req_id, None)  # released before it ran: no copy was needed
+        if self._copying:  # released before it ran: no copy was needed
+            self._copying.pop(req_id, None)
         chain = self._held.pop(req_id, None)
-        self._open.discard(req_id)
+        self._open.pop(req_id, None)
         if not chain:
             return super().free(req_id)
         table = self._tables.pop(req_id)
@@ -447,7 +453,9 @@ class PrefixCachingKVManager(PagedKVManager):
             if older.ref == req_id:
                 new_top(older)
         if len(lst) - self._lru_head > 2 * self._cached + _COMPACT:  # mostly dead entries
-            self._compact_lru()
+            # Without evictions to consume them, hits and releases would grow it unbounded.
+            self._lru = [e for e in lst[self._lru_head :] if e.a < e.b]  # (order kept)
+            self._lru_head = 0
         # The released units' blocks join the free list (anonymous) with the private ones.
         self._free.extend(table[cut * self.unit_blocks :] if cut else table)
         return len(table)
@@ -473,12 +481,7 @@ class PrefixCachingKVManager(PagedKVManager):
         chain = self._held.get(req_id)
         if not chain:
             return len(table)
-        shared = 0  # its units some other request holds too
-        for seg in chain:
-            end = seg.holders[req_id]
-            other = max((e for r, e in seg.holders.items() if r != req_id), default=seg.lo)
-            shared += min(end, other) - seg.lo
-        return len(table) - self.unit_blocks * shared
+        return len(table) - self.unit_blocks * shared_units(chain, req_id)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         table = self._tables.get(req_id)
@@ -527,7 +530,9 @@ def reuse_prefix(inst: Instance, req: Request) -> None:
     hit = kv.lookup_prefix(req)
     if hit:
         req.num_computed_tokens = hit
-        req.num_cached_tokens = hit
+    # What it found this time, none included (a recompute-preempted request found its
+    # prefix before: counted again, it could exceed its prompt).
+    req.num_cached_tokens = hit
 
 
 REFRESH_HEAD = 8
@@ -568,20 +573,6 @@ def refresh_queued(inst: Instance) -> None:
             r.num_cached_tokens += gained
 
 
-def _release(inst: Instance, kv: PrefixCachingKVManager) -> bool:
-    """Queued requests give back the cached blocks they hold; True when any did."""
-    released = False
-    for r in reversed(inst.waiting):
-        if r.status in _QUEUED and r.num_computed_tokens:
-            kv.released_tokens += r.num_computed_tokens  # found, but never used
-            kv.hit_log.append((inst.env.now, 0, -r.num_computed_tokens))
-            kv.free(r.req_id)
-            r.num_computed_tokens = 0
-            r.num_cached_tokens = 0
-            released = True
-    return released
-
-
 def unblock(inst: Instance, out: SchedulerOutput) -> SchedulerOutput:
     """``out`` as the policy decided, or, when it has no batch and queued requests held
     cached blocks (now released, :func:`release_queued_prefixes`), the policy's new one."""
@@ -597,4 +588,13 @@ def release_queued_prefixes(inst: Instance, out: SchedulerOutput) -> bool:
     kv = inst.kv
     if out.batch or not isinstance(kv, PrefixCachingKVManager):
         return False
-    return _release(inst, kv)
+    released = False
+    for r in reversed(inst.waiting):
+        if r.status in _QUEUED and r.num_computed_tokens:
+            kv.released_tokens += r.num_computed_tokens  # found, but never used
+            kv.hit_log.append((inst.env.now, 0, -r.num_computed_tokens))
+            kv.free(r.req_id)
+            r.num_computed_tokens = 0
+            r.num_cached_tokens = 0
+            released = True
+    return released

@@ -2,7 +2,8 @@
 
 :func:`check_prefix_cache` rebuilds, from the requests' tables and the segments they hold,
 what :class:`~sloserve.engine.prefix_cache.PrefixCachingKVManager` keeps incrementally per
-chain segment (engine/prefix_segments.py) — the key index, each segment's holders and
+chain segment (engine/prefix_segments.py) — the index of segments by their first unit's
+key (and that no unit is cached twice), each segment's holders and
 referenced range, where blocks are, the LRU entries and their order — and raises
 :class:`~sloserve.engine.kv.KVInvariantError` on the first difference.
 """
@@ -34,7 +35,7 @@ def check_prefix_cache(kv: PrefixCachingKVManager) -> dict[int, str]:
         own(b, "free")
     if kv._spare < 0:
         raise KVInvariantError(f"{kv._cached} unreferenced cached units, {len(kv._free)} free")
-    segs: dict[int, Segment] = {id(s): s for s in kv._unit.values()}
+    segs: dict[int, Segment] = {id(s): s for s in kv._starts.values()}
     for rid, chain in kv._held.items():
         if rid not in kv._tables:
             raise KVInvariantError(f"request {rid} holds cached units but no blocks")
@@ -77,7 +78,7 @@ def reference_counts(kv: PrefixCachingKVManager) -> dict[int, int]:
     """Holders of every cached unit, by key (0: cached, unreferenced): a unit's holders
     are those whose end in its segment lies beyond it."""
     counts = {}
-    for seg in {id(s): s for s in kv._unit.values()}.values():
+    for seg in {id(s): s for s in kv._starts.values()}.values():
         for p in range(seg.lo, seg.end):
             counts[seg.keys[p]] = sum(1 for end in seg.holders.values() if end > p)
     return counts
@@ -87,14 +88,15 @@ def _check_segments(kv: PrefixCachingKVManager, segs: dict[int, Segment]) -> Non
     """Each segment's index entries, holders, referenced range and LRU entries; the
     unreferenced count; the global LRU list's live entries and their order."""
     place = {id(e): i for i, e in enumerate(kv._lru[kv._lru_head :]) if e.a < e.b}
+    live: set[int] = set()  # every cached unit's key: none is cached twice
     indexed = cached = 0
     entries = 0
     for seg in segs.values():
-        if not seg.lo <= seg.top <= seg.end <= len(seg.keys):
+        if not seg.lo < seg.end or not seg.lo <= seg.top <= seg.end <= len(seg.keys):
             raise KVInvariantError(f"segment at {seg.lo}: top {seg.top}, end {seg.end}")
-        for p in range(seg.lo, seg.end):
-            if kv._unit.get(seg.keys[p]) is not seg:
-                raise KVInvariantError(f"segment at {seg.lo}: unit {p} is not indexed")
+        if kv._starts.get(seg.keys[seg.lo]) is not seg:
+            raise KVInvariantError(f"segment at {seg.lo}: not indexed by its first unit")
+        live.update(seg.keys[seg.lo : seg.end])
         indexed += seg.end - seg.lo
         top = max(seg.holders.values(), default=seg.lo)
         if seg.top != top or (seg.holders and seg.holders.get(seg.ref) != top):
@@ -111,8 +113,11 @@ def _check_segments(kv: PrefixCachingKVManager, segs: dict[int, Segment]) -> Non
             raise KVInvariantError(f"segment at {seg.lo}: LRU entries end at {at}, top {seg.top}")
         cached += seg.end - seg.top
         entries += len(seg.lru)
-    if indexed != len(kv._unit):
-        raise KVInvariantError(f"{len(kv._unit)} units indexed, {indexed} in segments")
+    if indexed != len(live):
+        raise KVInvariantError(f"{indexed} units cached in segments, {len(live)} distinct")
+    for seg in segs.values():  # prefix-closed: a cached unit's parent is cached
+        if seg.lo and seg.keys[seg.lo - 1] not in live:
+            raise KVInvariantError(f"segment at {seg.lo}: the unit before it is not cached")
     if kv._cached != cached:
         raise KVInvariantError(f"{kv._cached} unreferenced cached units counted, {cached} found")
     if entries != len(place):

@@ -39,10 +39,10 @@ def take_from_host(
         host[key] = None  # the host copy stays (newest), as LMCache keeps it
         if len(host) > kv.cpu_cache_units:
             host.popitem(last=False)
-        if own is None:
+        if own is None:  # the index holds a segment's first unit
             own = Segment(keys, p, rid)
             chain.append(own)
-        kv._unit[key] = own
+            kv._starts[key] = own
         p += 1
         own.end = own.top = own.holders[rid] = p
         table.extend(free[-u:])

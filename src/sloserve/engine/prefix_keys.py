@@ -14,15 +14,30 @@ integer/tuple hashes (deterministic: no hash randomisation for ints), 64 bits wi
 
 from __future__ import annotations
 
-import functools
+_last: tuple[tuple[int, ...] | None, int, int, int, tuple[int, ...]] = (None, 0, 0, 0, ())
+"""The last prompt's keys, by the identity of its ``hash_ids`` (a router asks for every
+replica of one decision, then the chosen replica looks up, usually before the next
+request comes): an identity test instead of hashing the ids again. It keeps that
+``hash_ids`` alive, so that no other tuple takes its id meanwhile."""
 
 
-@functools.lru_cache(maxsize=256)  # a router asks for every replica of one decision
 def unit_keys(
     hash_ids: tuple[int, ...], prompt_tokens: int, unit_tokens: int, source_tokens: int
 ) -> tuple[int, ...]:
     """Keys of the full cache units of a prompt (module docstring). Only units inside the
     prompt and covered by ``hash_ids`` have a key."""
+    global _last
+    ids, p, u, s, keys = _last
+    if ids is hash_ids and p == prompt_tokens and u == unit_tokens and s == source_tokens:
+        return keys
+    keys = _unit_keys(hash_ids, prompt_tokens, unit_tokens, source_tokens)
+    _last = (hash_ids, prompt_tokens, unit_tokens, source_tokens, keys)
+    return keys
+
+
+def _unit_keys(
+    hash_ids: tuple[int, ...], prompt_tokens: int, unit_tokens: int, source_tokens: int
+) -> tuple[int, ...]:
     covered = min(prompt_tokens, len(hash_ids) * source_tokens)
     n = covered // unit_tokens
     if n == 0:

@@ -3,9 +3,9 @@ instead of one per 512-token cache unit).
 
 A :class:`Segment` is a run of consecutive cache units of one prompt chain that one
 request registered (computed) or brought back from the CPU tier: positions
-``[lo, end)`` of its ``keys``. Every cached unit's key maps to its segment
-(:attr:`~sloserve.engine.prefix_cache.PrefixCachingKVManager._unit`); everything else is
-kept per segment, not per unit. That is exact because the cache is a *trie*:
+``[lo, end)`` of its ``keys``. The index maps each live segment's *first* unit's key to
+it (:attr:`~sloserve.engine.prefix_cache.PrefixCachingKVManager._starts`); everything is
+kept per segment, nothing per unit. That is exact because the cache is a *trie*:
 
 - A request holds a prefix chain (units ``0 .. E``), so whoever holds a unit of a
   segment at ``p`` holds the segment's units ``[lo, p]`` too: a holder is one number per
@@ -25,17 +25,40 @@ kept per segment, not per unit. That is exact because the cache is a *trie*:
   holder's table (:attr:`Segment.ref`, one whose end is ``top``); an unreferenced
   unit's blocks lie anonymous on the free list (``prefix_cache``'s docstring).
 
+- No unit is cached twice (a unit computed by another request too stays private), and
+  keys chain (equal keys at ``p`` mean equal prefixes up to ``p``). So a chain that
+  reaches position ``p`` through cached units (a lookup's walk, or a request's held
+  prefix) goes on, if at all, either in the segment it is in (which may have grown past
+  what the request holds: its owner registered more) or in a segment that *starts* at
+  ``p``: any other segment holding ``p`` would hold the units before ``p`` a second
+  time. A lookup, a registration's "cached already?" test and a router's peek therefore
+  need only the segments' first units in the index.
+- Cached units are prefix-closed on the GPU: a unit is never evicted before the units
+  that continue its chain (a release frees a chain's tail first; a hit on a unit takes
+  its whole prefix too), so past the end of a walk on the GPU only the CPU tier can hold
+  more of the chain.
+
 What this saves: registering, releasing and evicting a request's units cost one
-operation per segment (a Mooncake prompt's ~24 units are 1–3 segments) plus, for the
-key index only, C-level bulk dictionary updates.
+operation per segment (a Mooncake prompt's ~24 units are 1–3 segments) and no index
+update except when a segment is created or evicted whole.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Sequence
 
-__all__ = ["LRUEntry", "Segment", "agree_until", "new_top", "trim_lru"]
+__all__ = [
+    "LRUEntry",
+    "Segment",
+    "agree_until",
+    "cached_until",
+    "evict",
+    "new_top",
+    "shared_units",
+    "trim_lru",
+]
 
 
 class Segment:
@@ -107,3 +130,64 @@ def agree_until(keys: Sequence[int], other: Sequence[int], p: int, lim: int) -> 
     unit keys agree (they agree at ``p``, not at ``lim - 1``). Keys chain (a key names
     its whole prefix), so they agree up to a point and never again: a binary search."""
     return p + 1 + bisect.bisect_left(range(p + 1, lim), True, key=lambda q: keys[q] != other[q])
+
+
+def evict(
+    lru: list[LRUEntry],
+    i: int,
+    n: int,
+    starts: dict[int, Segment],
+    host: OrderedDict[int, None] | None,
+    cap: int,
+) -> int:
+    """Evict ``n`` unreferenced units, oldest first, from the LRU list's entry ``i`` on
+    (there are that many): a segment's highest units go first, and a segment evicted whole
+    leaves the index ``starts``; with a CPU tier (``host``, ``cap`` units) the evicted
+    units' keys move there, the newest last. Returns the first entry not consumed."""
+    while n:
+        entry = lru[i]
+        a, b = entry.a, entry.b
+        if a >= b:  # dead: a hit took its units
+            i += 1
+            continue
+        seg = entry.seg
+        lo = b - n if b - n > a else a
+        if lo == seg.lo:  # all of it
+            del starts[seg.keys[lo]]
+        if host is not None:
+            for key in reversed(seg.keys[lo:b]):
+                host[key] = None
+                host.move_to_end(key)
+                if len(host) > cap:
+                    host.popitem(last=False)
+        seg.end = entry.b = lo
+        n -= b - lo
+        if lo == a:  # consumed: it was the segment's oldest entry
+            del seg.lru[0]
+            i += 1
+    return i
+
+
+def cached_until(starts: dict[int, Segment], keys: Sequence[int]) -> int:
+    """How many of a prompt's units ``keys`` are cached, from its first: a walk segment by
+    segment (a chain goes on only at a segment's start), changing nothing."""
+    n, p = len(keys), 0
+    seg = starts.get(keys[0]) if n else None
+    while seg is not None:
+        lim = n if n < seg.end else seg.end
+        if seg.keys[lim - 1] != keys[lim - 1]:  # the chains part inside it
+            lim = agree_until(keys, seg.keys, p, lim)
+        p = lim
+        seg = starts.get(keys[p]) if p < n else None
+    return p
+
+
+def shared_units(chain: Sequence[Segment], rid: int) -> int:
+    """How many of the units request ``rid`` holds (in the segments ``chain``) some other
+    request holds too."""
+    shared = 0
+    for seg in chain:
+        end = seg.holders[rid]
+        other = max((e for r, e in seg.holders.items() if r != rid), default=seg.lo)
+        shared += min(end, other) - seg.lo
+    return shared
