@@ -41,3 +41,14 @@ def test_a_recovered_replica_takes_back_work_after_arrivals_end() -> None:
         {"replica": 0, "at_s": 70.0, "recover_s": 75.0},
     ]
     assert _finished(run, fails) >= _finished(run, []) - 3
+
+
+def test_flush_with_one_replica_left_does_not_alternate_models_forever() -> None:
+    """B5: W_A_large at seed 0 under ``swap: flush``, replica 0 down for good at 5 s. The
+    survivor flushed its batch at every change and alternated Llama-2-70B and Mistral-7B
+    every 4 s from 73 s to the 160 s horizon (190 requests unfinished, 104 under drain).
+    A replica that has finished nothing since its last change now drains (``flush.py``)."""
+    fails = [{"replica": 0, "at_s": 5.0}]
+    flush = Run("W_A_large", "qlm", 0.5, 7.0, 40.0, 0, swap="flush")
+    drain = Run("W_A_large", "qlm", 0.5, 7.0, 40.0, 0)
+    assert _finished(flush, fails) >= _finished(drain, fails) - 3

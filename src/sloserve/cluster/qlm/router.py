@@ -135,6 +135,7 @@ class QLMRouter(Router):
         self._held: dict[int | str, RouteRequest] = {}
         self._dispatched: dict[int | str, tuple[int, Any]] = {}
         self._changing: dict[int, str] = {}
+        self._unserved_since_change: set[int] = set()  # flush.py's progress rule
         self._loaded_at: dict[int, float] = {}
         """When each model change issued is expected to end (its drain and load priced)."""
         self._last_plan = -math.inf
@@ -365,6 +366,9 @@ class QLMRouter(Router):
         if event.kind == "finish" and event.req_id is not None:
             # delivered while its replica retires a batch: no flush of it now (flush.py)
             self._retiring = self._dispatched.get(event.req_id, (None, None))[0]
+            self._unserved_since_change.discard(
+                self._retiring if self._retiring is not None else -1
+            )
             self._finished(event.req_id)
             try:
                 return self._actions(view)
