@@ -87,7 +87,10 @@ def warm(seed: int) -> None:
             by_tier: dict[str, float] = {}
             for ld in loads:
                 by_tier[ld["tier"]] = by_tier.get(ld["tier"], 0.0) + ld["end_s"] - ld["start_s"]
-            fin = [r.finish_time for r in res.requests if r.finish_time is not None]
+            # served: finished (a rejected request has a finish time too)
+            fin = [
+                r.finish_time for r in res.requests if r.is_finished and r.finish_time is not None
+            ]
             makespan = max(fin) if fin else 0.0
             served = sum(1 for f in fin if f <= t)
             load_in[system] = in_win
@@ -99,7 +102,7 @@ def warm(seed: int) -> None:
                 f"{reps}×makespan {makespan:.1f} s; served in window {served}/{s['requests']} "
                 f"({served / t:.2f} req/s), backlog at {t:g} s {s['requests'] - served}"
             )  # fmt: skip
-        rt = 2 * run.duration_s
+        rt = reps * run.duration_s  # the window's replica-seconds, as the rows' own
         bound = (rt - load_in["qlm"]) / (rt - load_in["qlm-no-warm-start"]) - 1
         print(
             f"{wl:9s} bound on warm start's window-throughput gain (every load second "
@@ -173,7 +176,7 @@ def _gap(reqs: Any, window: float) -> float:
     """Mean time between two finishes on one replica while arrivals last."""
     by: dict[int, list[float]] = {}
     for r in reqs:
-        if r.finish_time is not None and r.finish_time <= window:
+        if r.is_finished and r.finish_time is not None and r.finish_time <= window:
             by.setdefault(r.instance_id, []).append(r.finish_time)
     gaps = [b - a for f in by.values() for a, b in zip(sorted(f), sorted(f)[1:], strict=False)]
     return statistics.fmean(gaps) if gaps else float("nan")

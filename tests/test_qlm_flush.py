@@ -59,10 +59,12 @@ def test_model_changes_flush_or_drain_and_every_request_ends_once(
     if swap == "flush":
         assert q["flushes"] > 0 and q["flushed_requests"] > 0
         assert s["failovers"] >= q["flushed_requests"]
-        # the replica is empty when its change is applied: the load starts at once
-        assert all(held == 0 for held in up)
+        # the replica is empty when its change is applied (the load starts at once),
+        # except a change drained by the progress rule (flush.py): nothing finished on
+        # the replica since its last change
+        assert sum(held > 0 for held in up) <= q["flush_drains"] < len(up)
     else:
-        assert q["flushes"] == 0 and s["failovers"] == 0
+        assert q["flushes"] == 0 and s["failovers"] == 0 and q["flush_drains"] == 0
         assert any(held > 0 for held in up)  # a drain: changes wait for what is held
 
 

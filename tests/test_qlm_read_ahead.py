@@ -104,3 +104,36 @@ def test_a_new_group_is_priced_where_it_is_placed() -> None:
     assert rid == 0 and mean == pytest.approx(own)  # at the head: nothing ahead of it
     place(qr, ga, 0, "a")
     assert qr.vq[0] == [ga.group_id, gb.group_id]
+
+
+def test_a_queue_is_scored_with_the_change_cost_while_its_next_model_is_read() -> None:
+    """``queue_score`` (behind ``keep_model``'s "own groups first", Insight #3) prices the
+    change to ``b`` after ``a``'s group with :func:`change_cost`: the read of ``b`` goes on
+    meanwhile, so the change costs only what the read leaves plus the copy, not the cold
+    load (``_swap``) it would cost with no read."""
+    from sloserve.cluster.qlm.changes import queue_score
+
+    qr = _router()
+    ga, gb = _group(qr, 1, "a"), _group(qr, 2, "b")
+    v: Any = SimpleNamespace(replica_id=0, model="a", outstanding=0, status=ReplicaStatus.UP,
+                             capacity=8)  # fmt: skip
+    hw = NOMINAL_PROFILE
+
+    def expected(cost_b: float) -> float:
+        """The α-quantile completions of ``a`` then ``b`` (Eq. 10) with ``b``'s change
+        costing ``cost_b``."""
+        m, var = qr._ready(v, 0.0)
+        ca, cva = qr.rct.completion(ga, hw)
+        wa, wva = qr.rct.work(ga, hw)
+        cb, cvb = qr.rct.completion(gb, hw)
+        done_a = qr.rct.quantile(m + ca, var + cva)
+        done_b = qr.rct.quantile(m + wa + cost_b + cb, var + wva + cvb)
+        return done_a + done_b
+
+    order = [ga.group_id, gb.group_id]
+    wa = qr.rct.work(ga, hw)[0] + qr._ready(v, 0.0)[0]
+    assert queue_score(qr, v, order, 0.0)[1] == pytest.approx(expected(qr._swap(0, "b")))
+    _reading(qr)  # b is read from 0 to 10 s: the change after a costs less
+    cost = change_cost(qr, 0, "b", 0.0, wa)
+    assert cost < qr._swap(0, "b") - 1.0
+    assert queue_score(qr, v, order, 0.0)[1] == pytest.approx(expected(cost))

@@ -135,7 +135,10 @@ def test_the_window_and_load_columns_count_what_they_say() -> None:
     for row in rows.values():
         served = row["window_requests_per_s"] * row["window_s"]
         assert row["window_s"] == 6.0 and row["replicas"] == 2
-        assert row["window_backlog"] == pytest.approx(row["requests"] - served)
+        # requests finish after the 6 s window (the run goes on to drain): the window
+        # leaves them out, so it serves fewer than finish in all
+        assert 0 < served < row["finished"]
+        assert 0 <= row["window_tail_served"] <= row["tail_requests"]
         assert 0 <= row["model_load_s_window"] <= row["model_load_s"]
         assert row["model_load_s_window"] <= row["replicas"] * row["window_s"]
         misses = round((1 - row["attainment"]) * row["requests"])

@@ -122,6 +122,7 @@ def warm_start(qr: QLMRouter, view: ClusterView) -> list[Action]:
         qr._changing[rid] = head.model
         qr.stats.model_changes += 1
         out += take_back(qr, rid, view)  # swap=flush: Requeue first, the load starts at once
+        qr._unserved_since_change.add(rid)
         out.append(ChangeModel(rid, head.model))
     return out
 

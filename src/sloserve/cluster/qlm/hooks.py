@@ -46,6 +46,9 @@ class QLMStats:
     flushes: int = 0
     """Model changes that gave the replica's requests back (``swap: flush``)."""
     flushed_requests: int = 0
+    flush_drains: int = 0
+    """Changes under ``swap: flush`` that drained instead: the replica had finished nothing
+    since its last change (``flush.py``'s progress rule)."""
     kept_incumbent: int = 0
     """Plans not adopted: the virtual queues in force scored at least as well."""
     predicted: list[float] = field(default_factory=list)
@@ -73,6 +76,7 @@ class QLMStats:
             "plans_kept_incumbent": self.kept_incumbent,
             "flushes": self.flushes,
             "flushed_requests": self.flushed_requests,
+            "flush_drains": self.flush_drains,
             "rct_r2": r_squared(self.predicted, self.actual),
             "rct_samples": len(self.actual),
             "rct_wait_r2": r_squared(

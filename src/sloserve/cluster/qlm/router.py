@@ -135,6 +135,7 @@ class QLMRouter(Router):
         self._held: dict[int | str, RouteRequest] = {}
         self._dispatched: dict[int | str, tuple[int, Any]] = {}
         self._changing: dict[int, str] = {}
+        self._unserved_since_change: set[int] = set()  # flush.py's progress rule
         self._loaded_at: dict[int, float] = {}
         """When each model change issued is expected to end (its drain and load priced)."""
         self._last_plan = -math.inf
@@ -257,6 +258,8 @@ class QLMRouter(Router):
         live = self._live(view)
         if not live:
             return
+        for v in live:  # every live replica has a queue, if empty (on_tick's B2 check)
+            self.vq.setdefault(v.replica_id, [])
         z = self.rct.z
         queues, hws = [], []
         for v in live:
@@ -350,6 +353,10 @@ class QLMRouter(Router):
         if event.kind == "failure":
             self._dirty = True
             if event.replica is not None:
+                # the cluster cancels the change (lifecycle.fail): forget it too, or the
+                # replica back up would never be asked for that model again (B1)
+                self._changing.pop(event.replica, None)
+                self._loaded_at.pop(event.replica, None)
                 for gid in self.vq.pop(event.replica, []):
                     self._assign.pop(gid, None)
                     g = self.table.groups.get(gid)
@@ -359,6 +366,9 @@ class QLMRouter(Router):
         if event.kind == "finish" and event.req_id is not None:
             # delivered while its replica retires a batch: no flush of it now (flush.py)
             self._retiring = self._dispatched.get(event.req_id, (None, None))[0]
+            self._unserved_since_change.discard(
+                self._retiring if self._retiring is not None else -1
+            )
             self._finished(event.req_id)
             try:
                 return self._actions(view)
@@ -391,6 +401,12 @@ class QLMRouter(Router):
                 self.stats.actual.append(r.finish_time - r.arrival)
 
     def on_tick(self, now: float, view: ClusterView, queued: Mapping[str, int]) -> list[Action]:
+        if self.mode == "qlm" and any(
+            v.status is ReplicaStatus.UP and v.replica_id not in self.vq for v in view.replicas()
+        ):
+            # a replica back from a failure (no event says so) has no virtual queue yet:
+            # re-plan so it takes work back even when no arrival comes to trigger it (B2)
+            self._dirty = True
         if self.mode == "qlm" and self._dirty:
             self._replan(view)
         return self._actions(view)

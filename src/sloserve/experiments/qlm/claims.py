@@ -4,8 +4,9 @@ workload, since the paper gives ranges over workloads and compares with its own 
 the naive-swapping ones). The paper's ranges (``+40–90 %``, ``+20–400 %``) are compared at
 their top: "up to" the paper's best against our best. Throughput is §8.1's "requests served
 per second", counted in the arrival window (``request_throughput_*`` values; tokens ÷ time to
-the last finish stays in ``headline.json`` beside it); warm start takes the better of W_A and
-W_A_large (the paper's model sizes)."""
+the last finish stays in ``headline.json`` beside it); warm start is W_A's: W_A_large's quick
+40 s window is shorter than its tail model's read (its own claim in ``headline.json`` gives the
+sustained median over seeds, not reproduced)."""
 
 from sloserve.experiments.headline import Claim
 
@@ -28,9 +29,9 @@ CLAIMS = (
     ),
     Claim(
         "warm_start_throughput_gain_W_A",
-        "throughput gain of the warm-start LSO, multi-model (W_A, W_A_large)",
+        "throughput gain of the warm-start LSO, multi-model (W_A)",
         3.00,
-        ("values", "warm_start_window_throughput_gain_W_A*"),
+        ("values", "warm_start_window_throughput_gain_W_A"),
         unit="%",
         section="§8",
     ),

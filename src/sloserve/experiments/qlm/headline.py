@@ -30,7 +30,12 @@ Definitions (choices; the paper gives ranges over figures, not one formula):
   ``(R·T − L_qlm) / (R·T − L_no-warm) − 1`` (R replicas, T the window, L the load seconds
   in it); ``warm_start_window_bound_*`` with the load shares beside it.
 - *warm start*: QLM vs QLM without the warm-start LSO on W_A (throughput), and on
-  W_A_large (the paper's model sizes, :data:`~sloserve.experiments.qlm.plan.W_A_LARGE`);
+  W_A_large (the paper's model sizes, :data:`~sloserve.experiments.qlm.plan.W_A_LARGE`).
+  W_A_large's claim is the median over seeds of the ``sustained`` sweep (arrivals for
+  120 s, longer than the 69 s read of Llama-2-70B into CPU memory): in the quick 40 s
+  window QLM serves no Llama-2-70B request (its read ends after the window), so that
+  window's gain counts the tail work QLM puts off, not a faster one; it stays in the
+  setting text with the tail requests served (``window_tail_served_*``);
   *eviction*: QLM
   vs QLM without eviction on W_B (attainment), main grid and queued point.
 - *vs SHEPHERD*: QLM vs ``static-batch`` (:mod:`sloserve.cluster.qlm.static`), W_B.
@@ -153,9 +158,16 @@ def headline(
         v[f"warm_start_attainment_gain_{sfx}"] = pair(g, "qlm-no-warm-start", att)
         v[f"warm_start_window_throughput_gain_{sfx}"] = pair(g, "qlm-no-warm-start", win)
         _warm_bound(v, sfx, g)
+        for system in ("qlm", "qlm-no-warm-start"):  # tail work served in the window (H1)
+            r = g[g["system"] == system]
+            if not r.empty and "window_tail_served" in r:
+                v[f"window_tail_served_{sfx}_{system}"] = int(r["window_tail_served"].sum())
+                v[f"tail_requests_{sfx}"] = int(r["tail_requests"].sum())
         v[f"attainment_gain_vs_naive_swap_{sfx}"] = _vs(g, NAIVE_SWAP, att)
         v[f"attainment_gain_vs_edf_{sfx}"] = _vs(g, ("edf",), att)
-    qlm_runs = results[results["system"] == "qlm"]
+    _sustained(v, results[results["sweep"] == "sustained"])
+    # the sustained pairs are warm-start checks, not more RCT samples (kept as before)
+    qlm_runs = results[(results["system"] == "qlm") & (results["sweep"] != "sustained")]
     v["rct_r2_mean"] = _mean(qlm_runs, "rct_r2")
     v["rct_wait_r2_mean"] = _mean(qlm_runs, "rct_wait_r2")
     v["rct_wait_r2_queued"] = _mean(queued[queued["system"] == "qlm"], "rct_wait_r2")
@@ -170,6 +182,32 @@ def headline(
         "values": v,
     }
     return out
+
+
+def _sustained(v: dict[str, Any], g: pd.DataFrame) -> None:
+    """Warm start on W_A_large with arrivals longer than the read of its tail model (sweep
+    ``sustained``): the gain in requests served per second in the arrival window at each
+    seed, their median (the claim's number), and the tail-model requests served in each
+    window."""
+    gains = []
+    for seed in sorted(int(x) for x in g["seed"].unique()) if not g.empty else []:
+        r = g[g["seed"] == seed]
+        q, off = r[r["system"] == "qlm"], r[r["system"] == "qlm-no-warm-start"]
+        for system, rows in (("qlm", q), ("qlm-no-warm-start", off)):
+            if not rows.empty:
+                v[f"window_tail_served_W_A_large_sustained_{system}_seed_{seed}"] = int(
+                    rows["window_tail_served"].sum()
+                )
+        if q.empty or off.empty:
+            continue
+        x = _gain(_mean(q, "window_requests_per_s"), _mean(off, "window_requests_per_s"))
+        v[f"warm_start_sustained_gain_W_A_large_seed_{seed}"] = x
+        if x is not None:
+            gains.append(x)
+    if gains:
+        v["warm_start_sustained_gain_W_A_large_median"] = float(pd.Series(gains).median())
+        v["warm_start_sustained_window_s"] = float(g["window_s"].max())
+        v["warm_start_sustained_seeds"] = len(gains)
 
 
 def _pct(x: Any) -> str:
@@ -191,6 +229,35 @@ def _warm_bound(v: dict[str, Any], sfx: str, g: pd.DataFrame) -> None:
         free[system] = cap - load
     off = free["qlm-no-warm-start"]
     v[f"warm_start_window_bound_{sfx}"] = free["qlm"] / off - 1.0 if off > 0 else None
+
+
+def _large_setting(v: dict[str, Any]) -> str:
+    """The W_A_large warm-start claim's setting: the sustained median (the claim's number)
+    with its seeds, and the quick window's number with why it is no warm-start gain."""
+    seeds = sorted(
+        int(k.rsplit("_", 1)[1])
+        for k in v
+        if k.startswith("warm_start_sustained_gain_W_A_large_seed_")
+    )
+    per = " ".join(_pct(v.get(f"warm_start_sustained_gain_W_A_large_seed_{s}")) for s in seeds)
+    served = ", ".join(
+        f"{v.get(f'window_tail_served_W_A_large_sustained_qlm_seed_{s}')}" for s in seeds
+    )
+    win = v.get("warm_start_sustained_window_s")
+    return (
+        f"W_A_large (Mistral-7B, Llama-2-13B, Llama-2-70B tail; two TP-2 A100 pairs) at "
+        f"{W_A_LARGE_RATE:g} req/s, qlm vs qlm-no-warm-start; requests served per second in "
+        f"the arrival window, median over seeds {seeds[0] if seeds else '-'}–"
+        f"{seeds[-1] if seeds else '-'} with arrivals for "
+        f"{'-' if win is None else f'{win:g}'} s: {per or 'not measured'} (QLM served "
+        f"{served or '-'} Llama-2-70B requests in those windows). The quick plan's 40 s "
+        f"window gives {_pct(v.get('warm_start_window_throughput_gain_W_A_large'))}, not a "
+        "warm-start gain: it is shorter than the 69 s read of Llama-2-70B into CPU memory, "
+        f"and QLM served {v.get('window_tail_served_W_A_large_qlm', '-')} of "
+        f"{v.get('tail_requests_W_A_large', '-')} Llama-2-70B requests in it (without warm "
+        f"start: {v.get('window_tail_served_W_A_large_qlm-no-warm-start', '-')}), so it counts "
+        "tail work put off; the verdict is the sustained median's"
+    )
 
 
 def _claim(
@@ -264,12 +331,7 @@ def claims(v: dict[str, Any]) -> list[dict[str, Any]]:
         _claim("warm_start_W_A_large",
                "model warm start: throughput, multi-model, the paper's model sizes",
                PAPER["warm_start_throughput_gain_W_A"], (3.0, 3.0),
-               v.get("warm_start_window_throughput_gain_W_A_large"),
-               f"W_A_large (Mistral-7B, Llama-2-13B, Llama-2-70B tail; two TP-2 A100 pairs) "
-               f"at {W_A_LARGE_RATE:g} req/s, qlm vs qlm-no-warm-start; requests served per "
-               "second in the arrival window; tokens ÷ time to the last finish: "
-               f"{_pct(v.get('warm_start_throughput_gain_W_A_large'))}; bound with every "
-               f"load second removed: {_pct(v.get('warm_start_window_bound_W_A_large'))}"),
+               v.get("warm_start_sustained_gain_W_A_large_median"), _large_setting(v)),
         _claim("eviction", "request eviction: SLO attainment, single-model",
                PAPER["eviction_attainment_gain_W_B"], (0.8, 0.8),
                v.get("eviction_attainment_gain_W_B_queued"),

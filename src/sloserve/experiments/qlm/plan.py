@@ -100,6 +100,14 @@ _MULTI_MODEL: dict[str, tuple[tuple[str, str], ...]] = {
 }
 """The multi-model workloads' (model, profile): two head models sharing ``1 - tail`` 4:3,
 then the tail model, which no replica serves at the start."""
+
+
+def tail_model(workload: str) -> str | None:
+    """The multi-model workload's tail model (the one no replica serves at first)."""
+    models = _MULTI_MODEL.get(workload)
+    return None if models is None else models[-1][0]
+
+
 QUEUED_RATE = 80.0
 """W_B's queued point (req/s): twice the main grid's 40, where a global queue builds."""
 A10_RATE = 50.0
@@ -124,7 +132,8 @@ class Run:
     sweep: str = "main"
     """Which table the run belongs to: ``main`` (the systems grid), ``queue`` (W_B's arrival
     rate), ``tail`` (W_A's tail-model share), ``a10`` (the A10:A100 mix), ``mega`` (W_C's
-    mega-prompt share), ``large`` (W_A with the paper's model sizes); the group-size and
+    mega-prompt share), ``large`` (W_A with the paper's model sizes), ``sustained`` (W_A_large's
+    warm-start pair over longer arrivals and several seeds); the group-size and
     burstiness runs keep ``main``'s label and are told apart by their knob."""
     tail_share: float = TAIL_SHARE
     """W_A: the share of requests to the tail model (Llama-3-8B, served by no replica at
@@ -139,10 +148,14 @@ class Run:
     @property
     def key(self) -> str:
         return (
-            f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
-            f"/cv={self.arrival_cv}/rate={self.rate}/tail={self.tail_share}"
-            f"/a10={self.a10_share}/mega={self.mega_share}"
-        ) + (f"/swap={self.swap}" if self.swap is not None else "")
+            (
+                f"{self.workload}/{self.system}/rt={self.rt_share}/gsf={self.group_size_factor}"
+                f"/cv={self.arrival_cv}/rate={self.rate}/tail={self.tail_share}"
+                f"/a10={self.a10_share}/mega={self.mega_share}"
+            )
+            + (f"/swap={self.swap}" if self.swap is not None else "")
+            + (f"/seed={self.seed}/dur={self.duration_s}" if self.sweep == "sustained" else "")
+        )
 
     def config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The run's (SimConfig mapping, ClusterConfig mapping)."""
@@ -231,6 +244,12 @@ class Plan:
     large_tails: tuple[float, ...] = (TAIL_SHARE,)
     """:data:`W_A_LARGE` (the paper's model sizes) at these tail-model shares, at
     :data:`W_A_LARGE_RATE` (sweep ``large``)."""
+    sustained_seeds: int = 5
+    sustained_s: float = 120.0
+    """Sweep ``sustained``: W_A_large, QLM with and without warm start, arrivals for
+    ``sustained_s`` seconds, at seeds ``seed .. seed + sustained_seeds - 1``. The quick
+    plan's 40 s window is shorter than the 69 s read of Llama-2-70B into CPU memory, so
+    its warm-start gain counts the tail work QLM puts off; this window is longer."""
     runs: list[Run] = field(default_factory=list)
 
     @classmethod
@@ -329,5 +348,10 @@ class Plan:
             Run(W_A_LARGE, s, mid, W_A_LARGE_RATE, d, seed, sweep="large", tail_share=t)
             for t in self.large_tails
             for s in ("qlm", "qlm-no-warm-start", "edf", *NAIVE_SWAP)
+        ]
+        runs += [
+            Run(W_A_LARGE, s, mid, W_A_LARGE_RATE, self.sustained_s, seed + k, sweep="sustained")
+            for k in range(self.sustained_seeds)
+            for s in ("qlm", "qlm-no-warm-start")
         ]
         return runs

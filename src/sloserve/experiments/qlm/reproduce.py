@@ -27,7 +27,7 @@ import pandas as pd
 
 from sloserve.cluster.qlm import PlanGroup, PlannerConfig, PlanQueue, generate_plan
 from sloserve.experiments.qlm.headline import headline
-from sloserve.experiments.qlm.plan import MEGA_PROMPT, Plan, Run
+from sloserve.experiments.qlm.plan import MEGA_PROMPT, Plan, Run, tail_model
 from sloserve.experiments.report import jsonable
 
 
@@ -54,8 +54,8 @@ def run_one(run: Run) -> dict[str, Any]:
     s = res.summary
     # Throughput while arrivals last (the queue stands): the summary's divides by the time
     # to the last finish, which the slowest request sets once every system drains its queue.
-    in_window = [r for r in res.requests if r.finish_time is not None]
-    in_window = [r for r in in_window if (r.finish_time or 0.0) <= run.duration_s]
+    in_window = served_in_window(res.requests, run.duration_s)
+    tail = tail_model(run.workload)
     t_win = run.duration_s
     loads = s.get("model_loads") or []
     q = s.get("qlm") or {}
@@ -67,6 +67,7 @@ def run_one(run: Run) -> dict[str, Any]:
         "group_size_factor": run.group_size_factor,
         "arrival_cv": run.arrival_cv,
         "sweep": run.sweep,
+        "seed": run.seed,
         "rate": run.rate,
         "tail_share": run.tail_share,
         "a10_share": run.a10_share,
@@ -83,6 +84,10 @@ def run_one(run: Run) -> dict[str, Any]:
         # end: a positive backlog means the window's rate is a served rate, not the offer
         "window_s": t_win,
         "window_backlog": s["requests"] - len(in_window),
+        # the tail model's requests, offered and served in the window: a window gain that
+        # serves none of them counts work put off, not work done faster (H1)
+        "tail_requests": sum(1 for r in res.requests if r.model == tail),
+        "window_tail_served": sum(1 for r in in_window if r.model == tail),
         # model-load seconds summed over replicas, in all and inside the window (what a
         # free warm start could give back: the bound in benchmarks/qlm_limits.py)
         "model_load_s": sum(ld["end_s"] - ld["start_s"] for ld in loads),
@@ -90,10 +95,7 @@ def run_one(run: Run) -> dict[str, Any]:
             max(0.0, min(ld["end_s"], t_win) - ld["start_s"]) for ld in loads
         ),
         "replicas": len(s.get("replicas") or []),
-        "deadline_misses": sum(1 for r in res.requests if not _met(r)),
-        # finished late although service alone (first scheduled -> finish) already
-        # exceeded the deadline: no ordering, pull or eviction could have saved them
-        "misses_service_bound": sum(1 for r in res.requests if _service_bound(r)),
+        **miss_counts(res.requests),
         "model_loads_cold": (s.get("model_loads_by_tier") or {}).get("disk", 0),
         "model_loads_warm": (s.get("model_loads_by_tier") or {}).get("cpu", 0),
         # waited for the rest of a warm-start read under way, then loaded from CPU memory
@@ -128,6 +130,24 @@ def _service_bound(r: Any) -> bool:
     if d is None or not r.is_finished or r.finish_time is None or r.first_scheduled is None:
         return False
     return bool(r.finish_time - r.first_scheduled > d + 1e-9)
+
+
+def served_in_window(requests: Any, t: float) -> list[Any]:
+    """The requests served in the window ``[0, t]``: finished (a rejected or aborted request
+    has a finish time too) by ``t``."""
+    return [
+        r for r in requests if r.is_finished and r.finish_time is not None and r.finish_time <= t
+    ]
+
+
+def miss_counts(requests: Any) -> dict[str, int]:
+    """``deadline_misses`` and ``misses_service_bound``: the late ones whose service alone
+    (first scheduled -> finish) already exceeded the deadline, which no ordering, pull or
+    eviction could have saved."""
+    return {
+        "deadline_misses": sum(1 for r in requests if not _met(r)),
+        "misses_service_bound": sum(1 for r in requests if _service_bound(r)),
+    }
 
 
 def _workload(cfg: Any, run: Run) -> Any:
