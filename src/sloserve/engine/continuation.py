@@ -54,8 +54,12 @@ class Continuation:
 
 
 def lead(cont: Continuation | None, batch: Sequence[ScheduledRequest]) -> int:
-    """How many leading entries of ``batch`` ``cont`` has checked: all of them or 0."""
-    if cont is None:
+    """How many leading entries of ``batch`` ``cont`` has checked: all of them or 0.
+
+    Only a tuple batch is compared: a list (or another sequence) may be the very object a
+    policy returned before and has since edited, or compare equal by its own ``__eq__``.
+    Entries are :class:`ScheduledRequest` tuples, immutable by the interface's type."""
+    if cont is None or batch.__class__ is not tuple:
         return 0
     entries = cont.entries
     n = len(entries)

@@ -215,8 +215,11 @@ def apply_run(
     # The decodes whose tokens the run delivers, checked: all the entries of a run of
     # decodes; with non-final chunks, only the leading ones the continuation had checked.
     if not run.prefills:
+        # A copy of a policy's list: the policy may edit that very list and return it
+        # again, which would compare equal to itself and skip the checks.
+        kept = batch if batch.__class__ is tuple else tuple(batch)
         dec: Continuation | None = Continuation(
-            batch, run.decode_ids, stats.decode_context_sum, run.left
+            kept, run.decode_ids, stats.decode_context_sum, run.left
         )
     else:
         dec = cont if run.lead else None
