@@ -8,6 +8,7 @@ Importing this package registers the routers ``qlm``, ``edf``, ``fcfs``, ``edf-s
 ``fcfs-swap``
 (``sloserve.cluster`` imports it)."""
 
+from contextlib import suppress
 from functools import partial
 
 from sloserve.cluster.qlm.groups import GroupingConfig, GroupKey, GroupTable, RequestGroup
@@ -23,7 +24,8 @@ from sloserve.cluster.qlm.rct import (
 )
 from sloserve.cluster.qlm.router import QLMRouter, make_qlm_router
 from sloserve.cluster.qlm.static import StaticBatchRouter, make_static_batch_router
-from sloserve.cluster.routing import register_router, router_names
+from sloserve.cluster.routing import register_router
+from sloserve.core.errors import ConfigError
 
 _SUMMARIES = {
     "qlm": "QLM: request groups in per-replica virtual queues, planned by a MILP; pull, warm start",
@@ -34,13 +36,15 @@ _NAIVE = {
     "fcfs-swap": "vLLM per-replica FCFS queues, swapping to the head's model whenever it differs",
     "edf-swap": "vLLM per-replica EDF queues, swapping to the head's model whenever it differs",
 }
+# Registered unless already (the module imported again). Not by asking router_names(),
+# which imports every lazily registered package (Aladdin's too) to list them.
 for _mode, _summary in _SUMMARIES.items():
-    if _mode not in router_names():
+    with suppress(ConfigError):
         register_router(_mode, partial(make_qlm_router, _mode), _summary)
 for _name, _summary in _NAIVE.items():
-    if _name not in router_names():
+    with suppress(ConfigError):
         register_router(_name, partial(make_naive_swap_router, _name[:-5]), _summary)
-if "static-batch" not in router_names():
+with suppress(ConfigError):
     register_router(
         "static-batch",
         make_static_batch_router,
