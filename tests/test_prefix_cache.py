@@ -5,6 +5,7 @@ so a cache unit is 2 blocks (8 tokens)."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -208,6 +209,28 @@ def test_invariant_check_catches_a_corrupted_reference_count() -> None:
         kv.check_invariants()
 
 
+def _kv_state(kv: PrefixCachingKVManager) -> tuple[object, ...]:
+    return dict(kv._tables), dict(kv._tokens), list(kv._free), kv._cached
+
+
+def _shrink_many_as_the_loop(kv: PrefixCachingKVManager, ids: list[int], n: int) -> None:
+    """``shrink_many`` has the effects of one ``shrink`` per request, in order, up to and
+    including the error on the first request it cannot shrink."""
+    twin = copy.deepcopy(kv)
+    twin_error = error = None
+    try:
+        for r in ids:
+            PrefixCachingKVManager.shrink(twin, r, n)
+    except KVInvariantError as e:
+        twin_error = str(e)
+    try:
+        kv.shrink_many(ids, n)
+    except KVInvariantError as e:
+        error = str(e)
+    assert error == twin_error
+    assert _kv_state(kv) == _kv_state(twin)
+
+
 def _random_op(
     kv: PrefixCachingKVManager,
     op: str,
@@ -248,6 +271,8 @@ def _random_op(
         else:
             with pytest.raises(KVInvariantError):
                 kv.shrink(rid, n)
+    elif op == "shrink_many" and live:
+        _shrink_many_as_the_loop(kv, sorted(live, reverse=rid % 2 == 1), n)
     kv.check_invariants()
     assert all(c >= 0 for c in kv.reference_counts().values())
 
@@ -256,7 +281,9 @@ def _random_op(
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["lookup", "grow", "free", "swap_out", "swap_in", "shrink"]),
+            st.sampled_from(
+                ["lookup", "grow", "free", "swap_out", "swap_in", "shrink", "shrink_many"]
+            ),
             st.integers(0, 3),
             st.integers(1, 24),
             st.lists(st.integers(0, 3), min_size=1, max_size=5),

@@ -73,6 +73,7 @@ from sloserve.engine.prefix_segments import (
     shared_units,
     trim_lru,
 )
+from sloserve.engine.prefix_shrink import prefix_shrink, prefix_shrink_many
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -460,13 +461,8 @@ class PrefixCachingKVManager(PagedKVManager):
         self._free.extend(table[cut * self.unit_blocks :] if cut else table)
         return len(table)
 
-    def shrink(self, req_id: int, n_tokens: int) -> None:
-        # The engine cuts a fast-forwarded run before it retires: its tokens are past every
-        # unit the request holds. Cutting into one would free blocks others may share.
-        held = self.held_units(req_id)
-        if held and self._tokens[req_id] - n_tokens < held * self.unit_tokens:
-            raise KVInvariantError(f"request {req_id}: shrinking would cut a cached unit")
-        super().shrink(req_id, n_tokens)
+    # Cutting into a held unit would free blocks others share (engine/prefix_shrink.py).
+    shrink, shrink_many = prefix_shrink, prefix_shrink_many
 
     def forget(self, req_id: int) -> None:
         self._keys.pop(req_id, None)
