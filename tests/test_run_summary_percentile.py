@@ -44,3 +44,13 @@ def test_signed_zero_and_ties() -> None:
         a = np.asarray(v)
         for p in (10, 50, 90, 99, 100):
             assert same(percentile(np.sort(a), p), float(np.percentile(a, p))), (v, p)
+
+
+def test_percentile_of_no_values_is_a_clear_error() -> None:
+    import numpy as np
+    import pytest
+
+    from sloserve.metrics.run_summary import percentile
+
+    with pytest.raises(ValueError, match="no values"):
+        percentile(np.array([], dtype=np.float64), 50)

@@ -43,8 +43,13 @@ def percentile(sorted_v: NDArray[np.float64], p: float) -> float:
     ``t ≥ 0.5``); an index at or past the last value interpolates the last value with
     itself, as numpy does (an infinite one gives NaN there, as in numpy). The same floats
     (``tests/test_run_summary_percentile.py``), without what ``np.percentile`` costs a
-    ``--json`` run: its ``np.unique`` imports ``numpy.ma`` (~11 ms of CPU at start-up)."""
+    ``--json`` run: its ``np.unique`` imports ``numpy.ma`` (~11 ms of CPU at start-up).
+
+    float64 values only (every caller's ``_floats``): integers above 2**53 would be rounded
+    where numpy keeps them exact. An empty array is a ValueError, not numpy's NaN."""
     n = sorted_v.size
+    if not n:
+        raise ValueError("percentile of no values")
     vi = (n - 1) * (p / 100)
     if vi >= n - 1:  # numpy's indexes -1 and -1: the last value, t = vi + 1
         i = -1
