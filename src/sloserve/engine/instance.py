@@ -168,9 +168,10 @@ class Instance:
             filling=self.filling.values(),
         )
         self._max_seq = min(self.kv.capacity_tokens, scheduler.max_sequence_tokens(limits))
-        self._prefix_kv = isinstance(self.kv, prefix_cache.PrefixCachingKVManager)
-        """Whether the prefix-cache hooks have anything to do (each returns at once on any
-        other manager; the check is an ABC isinstance, a Python-level call per decision)."""
+        kv = self.kv
+        self._prefix_kv = kv if isinstance(kv, prefix_cache.PrefixCachingKVManager) else None
+        """The KV manager when it caches prefixes: the prefix-cache hooks are called only
+        then (checked once here, not an ABC isinstance per decision)."""
         self.next_event: Callable[[], float] = env.peek
         """When the next event that can change this instance may happen: the fast path
         stops in the iteration during which it falls. Every pending event by default; a
@@ -211,8 +212,8 @@ class Instance:
             self._done(req)
             return
         self.kv.note_class(req.req_id, req.req_class)
-        if self._prefix_kv:
-            prefix_cache.queue_lookup(self, req)
+        if self._prefix_kv is not None:
+            prefix_cache.queue_lookup(self._prefix_kv, req)
         bisect.insort(self.waiting, req, key=_arrival_key)
         if not self._busy and not self._wake_pending:
             self._wake_pending = True
@@ -270,11 +271,12 @@ class Instance:
         self.view.now = now
         if self.incoming:
             self._admit_incoming(now)
-        if self._prefix_kv:
-            prefix_cache.refresh_queued(self)
+        pkv = self._prefix_kv
+        if pkv is not None:
+            prefix_cache.refresh_queued(self, pkv)
         out = self.scheduler.schedule(self.view)
-        if self._prefix_kv:  # no batch: queued requests release prefixes
-            out = prefix_cache.unblock(self, out)
+        if pkv is not None:  # no batch: queued requests release prefixes
+            out = prefix_cache.unblock(self, pkv, out)
         if out.empty:
             self._busy = False
             self._cont = None  # (idle: kept only from one decision to the next)

@@ -510,11 +510,10 @@ class PrefixCachingKVManager(PagedKVManager):
 _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 
 
-def queue_lookup(inst: Instance, req: Request) -> None:
-    """``req`` arrived at ``inst``: it looks its prefix up at the next decision (when the
-    iterations before it have retired, in single steps and fast runs alike)."""
-    kv = inst.kv
-    if req.hash_ids is not None and isinstance(kv, PrefixCachingKVManager):
+def queue_lookup(kv: PrefixCachingKVManager, req: Request) -> None:
+    """``req`` arrived: it looks its prefix up at the next decision (when the iterations
+    before it have retired, in single steps and fast runs alike)."""
+    if req.hash_ids is not None:
         kv.arrived.append(req)
 
 
@@ -536,16 +535,13 @@ REFRESH_HEAD = 8
 docstring)."""
 
 
-def refresh_queued(inst: Instance) -> None:
+def refresh_queued(inst: Instance, kv: PrefixCachingKVManager) -> None:
     """Extend the cached prefix of the oldest queued requests with units registered since
     they looked up (a request queued behind the one computing its prefix then reuses it,
     as vLLM's lookup at scheduling time does). Runs before a decision; arrivals look up
     here. The queued retry only after a request arrived or ended here and the cache grew
     since the last retry: both stop a fast-forwarded run, so single steps and fast runs
     retry at the same decisions."""
-    kv = inst.kv
-    if not isinstance(kv, PrefixCachingKVManager):
-        return
     arrived = kv.arrived
     if arrived:
         me = inst.instance_id
@@ -569,21 +565,18 @@ def refresh_queued(inst: Instance) -> None:
             r.num_cached_tokens += gained
 
 
-def unblock(inst: Instance, out: SchedulerOutput) -> SchedulerOutput:
+def unblock(inst: Instance, kv: PrefixCachingKVManager, out: SchedulerOutput) -> SchedulerOutput:
     """``out`` as the policy decided, or, when it has no batch and queued requests held
     cached blocks (now released, :func:`release_queued_prefixes`), the policy's new one."""
-    if out.batch or not release_queued_prefixes(inst, out):
+    if out.batch or not release_queued_prefixes(inst, kv):
         return out
     return inst.scheduler.schedule(inst.view)
 
 
-def release_queued_prefixes(inst: Instance, out: SchedulerOutput) -> bool:
+def release_queued_prefixes(inst: Instance, kv: PrefixCachingKVManager) -> bool:
     """The policy scheduled no batch (nothing, or only evictions): the blocks queued
     requests hold may be what is missing (module docstring). They give them back and the
     instance asks its policy again; True when any was released."""
-    kv = inst.kv
-    if out.batch or not isinstance(kv, PrefixCachingKVManager):
-        return False
     released = False
     for r in reversed(inst.waiting):
         if r.status in _QUEUED and r.num_computed_tokens:
