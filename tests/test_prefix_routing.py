@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sloserve.cluster.prefix_routing import text_block_ids
+from sloserve.cluster.prefix_routing import PrefixRouter, _chain, text_block_ids
 from sloserve.cluster.routing import Hold, make_router, router_names
 from sloserve.cluster.view import ClusterView, ReplicaStatus, RouteRequest, StaticReplica
 from sloserve.core.errors import ConfigError
@@ -73,6 +73,27 @@ def test_approximate_mode_remembers_where_it_sent_each_prefix() -> None:
     unknown = ClusterView([StaticReplica(i, cached_tokens=None) for i in range(4)])
     a = exact.route(rr((5, 6)), unknown)
     assert exact.route(rr((5, 6, 7)), unknown) == a
+
+
+def test_exact_mode_records_only_for_the_replicas_whose_view_does_not_know() -> None:
+    # Replicas 0 and 1 cannot tell their cache (None), 2 and 3 can: the router's own index
+    # is read, and so written, only for 0 and 1.
+    router = make_router("prefix-affinity")
+    assert isinstance(router, PrefixRouter)
+    view = ClusterView(
+        [StaticReplica(i, cached_tokens=None if i < 2 else 0) for i in range(4)]
+    )
+    picks = [router.route(rr((7, 8, k)), view) for k in range(4)]
+    # The first goes by rotation among equals (0); those sharing its prefix follow it.
+    assert picks == [0, 0, 0, 0]
+    busy = ClusterView(
+        [StaticReplica(i, cached_tokens=None if i < 2 else 0, outstanding=9 * (i < 2))
+         for i in range(4)]
+    )  # fmt: skip
+    to = router.route(rr((5, 6)), busy)  # no prefix anywhere: the least loaded, 2 or 3
+    assert to in (2, 3)
+    assert router.index.matched(to, _chain((5, 6))) == 0  # never read for it: not kept
+    assert router.index.matched(0, _chain((7, 8, 3))) == 3
 
 
 def test_session_affinity_sticks_until_the_replica_goes_away() -> None:
