@@ -62,7 +62,7 @@ from sloserve.core.request import Request, RequestStatus
 from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
 from sloserve.engine.prefix_host import take_from_host
-from sloserve.engine.prefix_keys import unit_keys
+from sloserve.engine.prefix_keys import prompt_keys, unit_keys
 from sloserve.engine.prefix_segments import (
     LRUEntry,
     Segment,
@@ -202,7 +202,7 @@ class PrefixCachingKVManager(PagedKVManager):
         rid = req.req_id
         keys = self._keys.get(rid)
         if keys is None:
-            keys = self._keys[rid] = unit_keys(
+            keys = self._keys[rid] = prompt_keys(
                 req.hash_ids, req.num_prompt_tokens, self.unit_tokens, self.source_block_tokens
             )
         chain = self._held.get(rid)
@@ -457,9 +457,13 @@ class PrefixCachingKVManager(PagedKVManager):
             # Without evictions to consume them, hits and releases would grow it unbounded.
             self._lru = [e for e in lst[self._lru_head :] if e.a < e.b]  # (order kept)
             self._lru_head = 0
-        # The released units' blocks join the free list (anonymous) with the private ones.
-        self._free.extend(table[cut * self.unit_blocks :] if cut else table)
-        return len(table)
+        # The released units' blocks join the free list (anonymous) with the private ones
+        # (the shared ones cut off the table in place: a slice would copy the rest).
+        n = len(table)
+        if cut:
+            del table[: cut * self.unit_blocks]
+        self._free.extend(table)
+        return n
 
     # Cutting into a held unit would free blocks others share (engine/prefix_shrink.py).
     shrink, shrink_many = prefix_shrink, prefix_shrink_many

@@ -61,7 +61,8 @@ def hits_over_time(
     found (a later retry's gain counts at the retry); hits a queued request released unused
     count negatively when released, as in the run's hit rate, and a bucket's rate is
     clipped to [0, 1]."""
-    last = max((t for log in logs.values() for t, _l, _h in log), default=0.0)
+    # (max of each log's triples: the largest time first, compared in C)
+    last = max((max(log)[0] for log in logs.values() if log), default=0.0)
     width = _nice_bin(max(end, last), bins)
     n = int(max(end, last) // width) + 1
     series = []
