@@ -57,7 +57,7 @@ def _arg(a: Any) -> Any:
 
 def record(path: str) -> None:
     import sloserve
-    import sloserve.experiments.runner as runner
+    import sloserve.experiments.kv_choice as kv_choice
     from sloserve.engine.prefix_cache import PrefixCachingKVManager
 
     class Recording(PrefixCachingKVManager):
@@ -87,7 +87,7 @@ def record(path: str) -> None:
 
             return call
 
-    runner.PrefixCachingKVManager = Recording  # type: ignore[misc]
+    kv_choice.PrefixCachingKVManager = Recording  # type: ignore[misc]  (where runs build them)
     sloserve.simulate(config("round-robin", True, 0.0, 16))
     with open(path, "wb") as f:
         pickle.dump((_MGRS, _LOG), f, protocol=5)
