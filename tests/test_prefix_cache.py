@@ -16,7 +16,7 @@ from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import BatchStats
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
-from sloserve.engine import prefix_cache
+from sloserve.engine import prefix_cache, prefix_keys
 from sloserve.engine.env import PRIO_ARRIVAL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
@@ -275,6 +275,24 @@ def _random_op(
         _shrink_many_as_the_loop(kv, sorted(live, reverse=rid % 2 == 1), n)
     kv.check_invariants()
     assert all(c >= 0 for c in kv.reference_counts().values())
+    _peeks_match_the_cached_units(kv, ids)
+
+
+def _peeks_match_the_cached_units(kv: PrefixCachingKVManager, ids: tuple[int, ...]) -> None:
+    """A router's peek is the prompt's leading units cached on the GPU, then in the CPU
+    tier, counted here from the cached units' keys (``reference_counts``), with the keys
+    hashed afresh: for the same ids object asked twice with different prompt lengths (the
+    keys it remembers are per length), and for an equal copy (a new object)."""
+    cached = kv.reference_counts()
+    for prompt in (8 * len(ids) + 1, 8 * len(ids) - 1, 8 * len(ids) + 1):
+        for asked in (ids, tuple(list(ids))):
+            keys = prefix_keys._unit_keys(asked, prompt, kv.unit_tokens, 8)
+            p = 0
+            while p < len(keys) and keys[p] in cached:
+                p += 1
+            while p < len(keys) and keys[p] in kv._host:
+                p += 1
+            assert kv.peek_prefix(asked, prompt) == p * kv.unit_tokens
 
 
 @settings(max_examples=80, deadline=None)
