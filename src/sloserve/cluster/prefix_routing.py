@@ -134,6 +134,7 @@ class PrefixRouter(PipelineRouter):
         if mode not in ("exact", "approximate"):
             raise ConfigError(f"router_params.mode must be exact or approximate, got {mode!r}")
         self.mode = mode
+        self._exact = mode == "exact"
         self.index = ApproxPrefixIndex(index_blocks)
         self._keys: tuple[Any, list[int]] = (None, [])
         # Exact mode: the replicas whose view answered None in this decision. The index is
@@ -154,9 +155,10 @@ class PrefixRouter(PipelineRouter):
         """1 - the fraction of the prompt cached on ``r`` (lower is better)."""
         if not req.hash_ids:
             return 1.0
-        cached = r.cached_prefix_tokens(req) if self.mode == "exact" else None
-        if cached is not None:
-            return 1.0 - min(cached, req.prompt_tokens) / req.prompt_tokens
+        cached = r.cached_prefix_tokens(req) if self._exact else None
+        if cached is not None:  # (min inlined: the scorer runs for every replica)
+            prompt = req.prompt_tokens
+            return 1.0 - (cached if cached < prompt else prompt) / prompt
         self._blind.add(r.replica_id)
         keys = self._chain_of(req)
         return 1.0 - self.index.matched(r.replica_id, keys) / len(keys)
