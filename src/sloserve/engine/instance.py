@@ -35,9 +35,9 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import CostModel, batch_stats
+from sloserve.engine import chunk_run, prefix_cache, teardown
 from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
-from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.continuation import Continuation
 from sloserve.engine.env import PRIO_ITERATION, Environment
@@ -92,6 +92,8 @@ class _Pending:
     dec: Continuation | None = None
     """The batch's leading entries that are checked running decodes (all of a run of
     decodes), delivered as such; the instance's continuation once retired."""
+    final: chunk_run.FinalChunk | None = None
+    """A prompt's final chunk run after these (middle-chunk) iterations (:mod:`.chunk_run`)."""
 
 
 class Instance:
@@ -303,7 +305,7 @@ class Instance:
         in the KV cache is given back and the run's end moves earlier. Called before a
         request reaches the instance mid-run; needs ``kv.can_shrink``."""
         pending = self._pending
-        if pending is None or not pending.fast:
+        if pending is None or not pending.fast or not chunk_run.drop_final(pending):
             return
         ends = pending.ends
         keep = bisect.bisect_left(ends, self.env.now) + 1
@@ -480,6 +482,9 @@ class Instance:
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
             return
+        if pending.final is not None and not pending.final.started:
+            chunk_run.start_final(self, pending)  # the middle iterations ended
+            return
         self._pending = None
         self._retire(pending, len(pending.ends))
         if self._abort_after:
@@ -506,6 +511,8 @@ class Instance:
             batch = batch[n_dec:] if n_dec != len(batch) else ()
         if not batch:
             pass
+        elif pending.final is not None:
+            chunk_run.deliver(batch, pending.final, k, first, end, finished)
         elif pending.fast:
             last = first + k - 1
             for r, n in batch:
