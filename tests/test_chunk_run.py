@@ -27,11 +27,13 @@ def _simulate(
     spec: list[tuple[float, int, int]],
     *,
     final: bool = True,
+    join: bool = True,
     multi_step: bool = True,
     probes: list[float] = (),  # type: ignore[assignment]
     aborts: list[tuple[float, int]] = (),  # type: ignore[assignment]
 ) -> dict[str, Any]:
-    """One run; ``final`` False turns the final-chunk runs off (the engine before)."""
+    """One run; ``final`` False turns the chunk runs off (the engine before), ``join``
+    False only those from a joining chunk."""
     params = {
         "groups": setup["groups"],
         "hybrid": setup["hybrid"],
@@ -53,6 +55,8 @@ def _simulate(
     )
     if not final:
         inst.scheduler.repeats_final_chunk = False
+    if not join:
+        inst.scheduler.repeats_joined_chunk = False
     decisions = [0]
     schedule = inst.scheduler.schedule
 
@@ -151,8 +155,12 @@ def test_final_chunk_runs_change_only_the_decisions(
 ) -> None:
     on = _simulate(setup, spec, probes=probes, aborts=aborts)
     off = _simulate(setup, spec, final=False, probes=probes, aborts=aborts)
-    assert on["decisions"] <= off["decisions"]
-    on.pop("decisions"), off.pop("decisions")
+    middle = _simulate(setup, spec, join=False, probes=probes, aborts=aborts)
+    assert on["decisions"] <= middle["decisions"] <= off["decisions"]
+    on.pop("decisions"), off.pop("decisions"), middle.pop("decisions")
+    for a, b in zip(middle.pop("times"), off["times"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert middle == {k: v for k, v in off.items() if k != "times"}
     for a, b in zip(on.pop("times"), off.pop("times"), strict=True):
         np.testing.assert_array_equal(a, b)
     assert on == off  # trace rows, iteration ends and busy time: the same floats
@@ -178,14 +186,18 @@ _LONG = {
 }
 
 
-def test_a_chunked_prompt_is_one_decision_from_its_first_middle_chunk() -> None:
-    # Two decoding requests, then a 70-token prompt in 16-token chunks: it joins (one
-    # decision), then 3 middle chunks and its 6-token final chunk run as one decision.
+def test_a_chunked_prompt_is_one_decision_from_its_joining_chunk() -> None:
+    # Two decoding requests, then a 70-token prompt in 16-token chunks: it joins, takes 3
+    # middle chunks and a 6-token final chunk, three decisions before (join, the middle
+    # run, the final chunk), two with the middle run going on through the final chunk,
+    # one with the chain from the joining chunk.
     spec = [(0.0, 4, 40), (0.0, 4, 40), (0.05, 70, 5)]
     on = _simulate(_LONG, spec)
+    middle = _simulate(_LONG, spec, join=False)
     off = _simulate(_LONG, spec, final=False)
-    assert off["decisions"] - on["decisions"] == 1  # the final chunk's own decision
-    assert on["trace"] == off["trace"] and on["iter_end"] == off["iter_end"]
+    assert (off["decisions"] - middle["decisions"], off["decisions"] - on["decisions"]) == (1, 2)
+    assert on["trace"] == off["trace"] == middle["trace"]
+    assert on["iter_end"] == off["iter_end"] and on["busy"] == off["busy"]
     tr = off["trace"]
     rows = list(zip(tr["time"], tr["batch_tokens"], tr["steps"], strict=True))
     joined = next(i for i, (_t, tok, _s) in enumerate(rows) if tok == 2 + 16)
@@ -195,19 +207,23 @@ def test_a_chunked_prompt_is_one_decision_from_its_first_middle_chunk() -> None:
     assert r[2] == on["iter_end"][r[1][0]]  # first token at the final chunk's iteration end
 
 
-def test_one_middle_chunk_left_runs_with_the_final_chunk() -> None:
-    # A 40-token prompt: join (16), one middle chunk (16), final (8): two steps became one.
-    spec = [(0.0, 4, 40), (0.05, 40, 5)]
+@pytest.mark.parametrize(("prompt", "saved"), [(40, 2), (30, 1), (16, 0)])
+def test_short_chunked_prompts(prompt: int, saved: int) -> None:
+    # 40 tokens: join, one middle chunk, final (three steps became one); 30: join and
+    # final (two became one); 16: one chunk, nothing to chain.
+    spec = [(0.0, 4, 40), (0.05, prompt, 5)]
     on = _simulate(_LONG, spec)
     off = _simulate(_LONG, spec, final=False)
-    assert off["decisions"] - on["decisions"] == 1
+    assert off["decisions"] - on["decisions"] == saved
     assert on["trace"] == off["trace"] and on["busy"] == off["busy"]
+    assert on["requests"] == off["requests"] and on["iter_end"] == off["iter_end"]
 
 
-@pytest.mark.parametrize("where", [0.0, 0.3, 0.99, 1.0, 1.2, 1.5])
+@pytest.mark.parametrize("where", [-0.2, 0.0, 0.3, 0.99, 1.0, 1.2, 1.5])
 def test_an_arrival_mid_run_cuts_it_as_before(where: float) -> None:
     # ``where``: in units of the middle run's duration from its start (1.0: exactly at
-    # its end, when the final chunk's decision was taken; beyond: during the final chunk)
+    # its end, when the final chunk's decision was taken; beyond: during the final chunk;
+    # below 0: during the joining chunk)
     spec = [(0.0, 4, 40), (0.0, 4, 40), (0.05, 70, 5)]
     setup = {**_LONG, "cut": True}
     tr = _simulate(setup, spec, final=False)["trace"]
@@ -228,13 +244,13 @@ def test_pricing_the_final_chunk_as_a_middle_one_is_caught(monkeypatch: pytest.M
     # statistics (one plausible bug) moves the iteration ends.
     spec = [(0.0, 4, 40), (0.0, 4, 40), (0.05, 70, 5)]
     off = _simulate(_LONG, spec, final=False)
-    real = chunk_run.batch_stats
 
-    def middle_stats(*args: int) -> Any:
-        _rest, seqs, _work, nd, ctx, swap = args
-        return real(16, seqs, 16 * (16 + 16), nd, ctx, swap)
+    def middle_priced(
+        inst: Instance, start: float, rest: int, done: int, stats: Any, before: int
+    ) -> float:
+        return start + inst.cost_model.batch_time(stats)  # the middle chunk's statistics
 
-    monkeypatch.setattr(chunk_run, "batch_stats", middle_stats)
+    monkeypatch.setattr(chunk_run, "_final_end", middle_priced)
     bad = _simulate(_LONG, spec)
     assert bad["iter_end"] != off["iter_end"]
 

@@ -263,7 +263,7 @@ def kv_blocks_at(inst: Instance, now: float) -> int:
     pending = inst._pending
     if pending is None or not pending.fast or not isinstance(kv, PagedKVManager):
         return used
-    if pending.final is not None and pending.final.started:
+    if pending.final is not None and pending.final.phase == chunk_run.FINAL:
         return used  # a final chunk in flight: a single step, which nothing cuts
     ends = pending.ends
     cut = len(ends) - (bisect_left(ends, now) + 1)

@@ -247,6 +247,17 @@ class Scheduler(ABC):
     final chunk as the last iteration of the run (:mod:`~sloserve.engine.chunk_run`),
     priced and recorded as a single step would be. Leave it False when unsure."""
 
+    repeats_joined_chunk: bool = False
+    """A further promise (with :attr:`repeats_final_chunk`): when a batch admits exactly one
+    waiting request, new (nothing computed or generated), with a non-final chunk of ``n``
+    tokens, and every other entry is a one-token decode of a running request (all of
+    them), then while nothing arrives, waits, is swapped out or finishes and the decodes'
+    growth fits (the prompt's rest kept free), the next batch is the same entries with
+    that request running and taking ``n`` tokens again (a middle chunk, repeatable, its
+    reserve the blocks of the prompt's rest) or its rest (the final chunk). The instance
+    then runs the prompt from its joining chunk to its final one at once
+    (:mod:`~sloserve.engine.chunk_run`). Leave it False when unsure."""
+
     overlap_swap: bool = False
     """Whether KV transfers overlap the forward pass: the engine then charges an iteration
     ``max(batch_time, swap_time)`` instead of their sum (BROS §4.1: asynchronous swaps)."""

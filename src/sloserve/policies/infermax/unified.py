@@ -141,6 +141,11 @@ class UnifiedScheduler(Scheduler):
         # bind only joining requests. Only the decode-entry cache differs, which no
         # decision reads. Not proven for one ranked group or predictor-reading variants.
         self.repeats_final_chunk = self._all_decode_shortcut and config.chunked_prefill
+        # The joining chunk repeats (Scheduler.repeats_joined_chunk) with decode priority:
+        # the decodes come first, so the prompt met the same room when it joined as it
+        # meets as the only filling request next (no other one fills: it would have taken
+        # P first); later waiting requests find P used up, as before.
+        self.repeats_joined_chunk = self.repeats_final_chunk and config.groups == "decode-first"
 
     def _decode_batch(self, group: Sequence[Request]) -> tuple[ScheduledRequest, ...]:
         entries = self._decode_entries
