@@ -227,18 +227,23 @@ def chain_join(inst: Instance, out: SchedulerOutput, pending: _Pending, split: S
     from sloserve.engine.fastpath import MAX_FAST_STEPS
 
     decode_ids, ctx, others = split
-    batch = out.batch
-    if len(others) != 1 or len(batch) != len(inst.running) or out.preempt:
-        return  # more than one prompt, or not every running request in it
-    if not eligible(inst) or not inst.multi_step:
-        return
+    if len(others) != 1:
+        return  # more than one prompt
     r, n = others[0]
     prompt = r.num_prompt_tokens
-    if r.num_output_tokens or r.num_computed_tokens or not 1 <= n < prompt:
-        return  # (a refill, or a prompt found cached, or its only chunk)
+    if not 1 <= n < prompt or r.num_output_tokens or r.num_computed_tokens:
+        return  # its only chunk, or a refill, or a prompt found cached
+    batch = out.batch
+    if len(batch) != len(inst.running) or out.preempt or not eligible(inst):
+        return  # not every running request in it, or something else could join later
     m = (prompt - n - 1) // n  # middle chunks after the joining one
     rest = prompt - n - m * n
-    if m + 2 > MAX_FAST_STEPS or _fewest_left(batch, 0, 1 << 62) <= m + 1:
+    dec = pending.dec  # the checked decodes' fewest tokens left, when they are all
+    if dec is not None and len(dec.entries) == len(decode_ids):
+        fewest = dec.left
+    else:
+        fewest = _fewest_left(batch, 0, 1 << 62)
+    if not inst.multi_step or m + 2 > MAX_FAST_STEPS or fewest <= m + 1:
         return
     kv = inst.kv
     free = kv.num_free_blocks - kv.blocks_needed(r.req_id, prompt - n)
