@@ -96,6 +96,7 @@ class FinalChunk:
         *,
         chunk: int = 0,
         mid_ends: list[float] | None = None,
+        phase: int = MIDDLE,
     ) -> None:
         self.req = req
         self.tokens = tokens
@@ -104,7 +105,7 @@ class FinalChunk:
         self.end = end
         self.chunk = chunk
         self.mid_ends = mid_ends
-        self.phase = MIDDLE if mid_ends is None else JOIN
+        self.phase = phase
 
 
 def eligible(inst: Instance) -> bool:
@@ -262,10 +263,8 @@ def chain_join(inst: Instance, out: SchedulerOutput, pending: _Pending, split: S
     if end is None or end > inst.next_event():
         return
     pending.final = FinalChunk(
-        r, rest, decode_ids, 1 + m, end, chunk=n, mid_ends=mid_ends if m else None
+        r, rest, decode_ids, 1 + m, end, chunk=n, mid_ends=mid_ends if m else None, phase=JOIN
     )
-    if not m:
-        pending.final.phase = JOIN  # (straight from the joining chunk to the final one)
 
 
 def advance(inst: Instance, pending: _Pending) -> None:
