@@ -5,7 +5,9 @@ Runs one ``sloserve simulate`` command in this process with ``Instance._apply`` 
 the engine applies it) and prints, per kind, how many decisions there were:
 
 * ``fast, decodes`` / ``fast, chunk``: fast-forwarded runs (all decodes; decodes plus a
-  non-final chunk of a running prompt);
+  non-final chunk of a running prompt, of which those that go on through the prompt's
+  final chunk, ``engine/chunk_run.py``, are counted apart too, as are joining chunks
+  chained through their prompt's final chunk);
 * ``single, ...``: single steps, split by what their batch holds: a prompt's first chunk
   (``join chunk``: the prompt joined this iteration, so the batch is not repeatable), a
   repeatable middle chunk the fast path ran for one iteration only (``left`` is how many
@@ -60,8 +62,12 @@ def main(argv: list[str]) -> int:
         prev[self.instance_id] = (decodes, chunks)
         if pending.fast:
             counts["fast, chunk" if chunks else "fast, decodes"] += 1
+            if pending.final is not None:  # it goes on through the prompt's final chunk
+                counts["fast, chunk (of which through the final chunk)"] += 1
             return pending
         counts["single (all)"] += 1
+        if pending.final is not None:  # a joining chunk chained to the prompt's final one
+            counts["single, join chunk (of which chained through the final chunk)"] += 1
         if (
             last is not None
             and len(chunks) == 1

@@ -5,7 +5,9 @@ request table and the summary with the simulation itself; this script isolates t
 engine: each run is a fresh process running the very same CLI command, with
 ``Environment.run`` wrapped by ``time.process_time`` (CPU, not wall: the development
 machine is shared, so wall time moves with its load). It prints the CPU seconds, the
-scheduling decisions (from the run's own JSON summary) and the microseconds per
+decisions (the batches the engine applied: policy calls that scheduled something; the
+trace keeps one row per decision the engine would have taken without the chunk runs of
+``engine/chunk_run.py``, the summary's ``scheduling_decisions``) and the microseconds per
 decision. With ``--base SRC`` (another checkout's ``src`` directory) the runs of the two
 trees alternate, base first, and the paired ratios are printed too: on a loaded machine
 only paired, alternating measurements compare.
@@ -42,6 +44,12 @@ def timed(self, until=float("inf")):
     finally:
         spent[0] += time.process_time() - t
 envmod.Environment.run = timed
+from sloserve.engine import instance as instmod
+applied, real_apply = [0], instmod.Instance._apply
+def counted(self, out, now):
+    applied[0] += 1
+    return real_apply(self, out, now)
+instmod.Instance._apply = counted
 from sloserve.cli import main
 out = io.StringIO()
 sys.argv = ["sloserve", *sys.argv[2:]]
@@ -53,7 +61,8 @@ with contextlib.redirect_stdout(out):
             raise
 summary = json.loads(out.getvalue())
 print(json.dumps({"engine_cpu_s": spent[0],
-                  "decisions": summary.get("scheduling_decisions"),
+                  "decisions": applied[0],
+                  "trace_rows": summary.get("scheduling_decisions"),
                   "summary": summary}))
 """
 

@@ -26,7 +26,7 @@ from numpy.typing import NDArray
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats, batch_stats
 from sloserve.costmodel.linear import LinearCostModel
-from sloserve.engine import continuation
+from sloserve.engine import chunk_run, continuation
 from sloserve.engine.continuation import Continuation
 from sloserve.engine.interface import SchedulerOutput
 from sloserve.engine.kv import PagedKVManager
@@ -67,6 +67,9 @@ class Run:
     left: int = 0
     """The smallest number of iterations any entry can repeat (a decode: the tokens it
     has still to generate), before the run's cap: exact."""
+    final: chunk_run.FinalChunk | None = None
+    """The prompt's final chunk the run goes on with after its ``k`` middle iterations
+    (:mod:`.chunk_run`)."""
 
 
 _NO_LIMIT = 1 << 62
@@ -97,6 +100,7 @@ def plan_run(
         decode_ids = []
         ctx = 0
         k = _NO_LIMIT
+    pf_left = 0
     for r, n in entries:
         n_out = r.num_output_tokens
         computed = r.num_computed_tokens
@@ -112,7 +116,7 @@ def plan_run(
             pf_tokens += n
             work += n * (n + computed)
             work_step += n * n
-            left = (remaining - 1) // n  # iterations before its final chunk
+            left = pf_left = (remaining - 1) // n  # iterations before its final chunk
         else:
             raise inst._violation(
                 "repeatable",
@@ -121,6 +125,23 @@ def plan_run(
         if left < k:
             k = left
     left_min = k
+    if len(prefills) == 1 and k == pf_left and chunk_run.eligible(inst):
+        # Its final chunk may end the run (the fewest left is the chunk's).
+        run = chunk_run.plan(
+            inst,
+            out,
+            now,
+            batch_stats(pf_tokens, 1, work, len(decode_ids), ctx),
+            work_step,
+            decode_ids,
+            prefills[0],
+            k,
+            lead,
+            cont.left if cont is not None and lead else _NO_LIMIT,
+            left_min,
+        )
+        if run is not None:
+            return run
     cap = MAX_FAST_STEPS if inst.multi_step else 1
     if k > cap:
         k = cap
@@ -224,9 +245,11 @@ def apply_run(
     else:
         dec = cont if run.lead else None
     decodes = not run.prefills
-    return inst._record(
+    pending = inst._record(
         batch, ends, stats.total_tokens, now, kv_before, fast=True, decodes=decodes, dec=dec
     )
+    pending.final = run.final  # (its iteration begins when the middle ones end)
+    return pending
 
 
 def kv_blocks_at(inst: Instance, now: float) -> int:
@@ -240,6 +263,8 @@ def kv_blocks_at(inst: Instance, now: float) -> int:
     pending = inst._pending
     if pending is None or not pending.fast or not isinstance(kv, PagedKVManager):
         return used
+    if pending.final is not None and pending.final.phase == chunk_run.FINAL:
+        return used  # a final chunk in flight: a single step, which nothing cuts
     ends = pending.ends
     cut = len(ends) - (bisect_left(ends, now) + 1)
     if cut <= 0:

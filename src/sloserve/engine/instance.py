@@ -35,9 +35,9 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import CostModel, batch_stats
+from sloserve.engine import chunk_run, prefix_cache, teardown
 from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
-from sloserve.engine import prefix_cache, teardown
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.continuation import Continuation
 from sloserve.engine.env import PRIO_ITERATION, Environment
@@ -92,6 +92,10 @@ class _Pending:
     dec: Continuation | None = None
     """The batch's leading entries that are checked running decodes (all of a run of
     decodes), delivered as such; the instance's continuation once retired."""
+    final: chunk_run.FinalChunk | None = None
+    """A prompt's chunks run after these iterations, to its final one (:mod:`.chunk_run`)."""
+    row_start: int = 0
+    """Iterations of ``ends`` before those of the latest trace row (:mod:`.chunk_run`)."""
 
 
 class Instance:
@@ -303,7 +307,7 @@ class Instance:
         in the KV cache is given back and the run's end moves earlier. Called before a
         request reaches the instance mid-run; needs ``kv.can_shrink``."""
         pending = self._pending
-        if pending is None or not pending.fast:
+        if pending is None or not chunk_run.drop_final(pending) or not pending.fast:
             return
         ends = pending.ends
         keep = bisect.bisect_left(ends, self.env.now) + 1
@@ -320,7 +324,7 @@ class Instance:
                 shrink(r.req_id, cut if decode else cut * n)
         start = self.trace.time[-1]
         self.busy_time = pending.busy_before + (ends[keep - 1] - start)
-        self.trace.steps[-1] = keep
+        self.trace.steps[-1] = keep - pending.row_start
         self.trace.duration[-1] = ends[keep - 1] - start
         self.env.cancel(pending.event)
         short = _Pending(
@@ -330,6 +334,7 @@ class Instance:
             busy_before=pending.busy_before,
             decodes=pending.decodes,
             dec=pending.dec,
+            row_start=pending.row_start,
         )
         self._pending = short
         short.event = self.env.schedule(
@@ -355,7 +360,7 @@ class Instance:
         lead = None
         if cont is not None and not out.preempt and not out.swap_in:
             lead = cont if conts.lead(cont, out.batch) else None
-        tokens, prefill, _admitted, split = check_batch(self, out, preempted, swapping, lead)
+        tokens, prefill, admitted, split = check_batch(self, out, preempted, swapping, lead)
         if lead is None and cont is not None and split and not split[0] and not out.preempt:
             # No one-token decode in the batch (a prefill step), nothing evicted or swapped
             # in (a swap-in leaves no split): the continuation's requests are untouched.
@@ -443,7 +448,10 @@ class Instance:
         if not dur > 0:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
-        return self._record(batch, ends, tokens, now, kv_before, fast=False, dec=lead)
+        pending = self._record(batch, ends, tokens, now, kv_before, fast=False, dec=lead)
+        if admitted == 1 and split is not None and self.scheduler.repeats_joined_chunk:
+            chunk_run.chain_join(self, out, pending, split)  # (its chunks may follow)
+        return pending
 
     def _record(
         self,
@@ -480,6 +488,9 @@ class Instance:
     def _complete(self, pending: _Pending) -> None:
         if pending is not self._pending:  # torn down (abort_all) while it was in flight
             return
+        if pending.final is not None and pending.final.phase != chunk_run.FINAL:
+            chunk_run.advance(self, pending)  # the join or the middle iterations ended
+            return
         self._pending = None
         self._retire(pending, len(pending.ends))
         if self._abort_after:
@@ -506,6 +517,8 @@ class Instance:
             batch = batch[n_dec:] if n_dec != len(batch) else ()
         if not batch:
             pass
+        elif pending.final is not None:
+            chunk_run.deliver(batch, pending.final, k, first, end, finished)
         elif pending.fast:
             last = first + k - 1
             for r, n in batch:

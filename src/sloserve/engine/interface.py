@@ -235,6 +235,29 @@ class Scheduler(ABC):
         on arrival instead of waiting forever."""
         return limits.kv_capacity_tokens
 
+    repeats_final_chunk: bool = False
+    """The policy's promise, beyond ``repeatable``, for a repeatable batch holding exactly
+    one non-final prefill chunk (``(r, n)``, ``n`` < what ``r`` has left): when ``r``'s
+    prompt reaches its final chunk (the ``m`` = (left - 1) // n iterations later that
+    ``repeatable`` already covers) and meanwhile nothing arrived, nothing waits, nothing is
+    swapped out, no request finished and the decodes' growth for one more iteration still
+    fits in the free blocks minus ``repeat_reserve_blocks`` (which must cover the whole
+    rest of ``r``'s prompt), the policy returns the same batch, the same entries in the
+    same order, with ``r`` taking the rest of its prompt. The instance then runs that
+    final chunk as the last iteration of the run (:mod:`~sloserve.engine.chunk_run`),
+    priced and recorded as a single step would be. Leave it False when unsure."""
+
+    repeats_joined_chunk: bool = False
+    """A further promise (with :attr:`repeats_final_chunk`): when a batch admits exactly one
+    waiting request, new (nothing computed or generated), with a non-final chunk of ``n``
+    tokens, and every other entry is a one-token decode of a running request (all of
+    them), then while nothing arrives, waits, is swapped out or finishes and the decodes'
+    growth fits (the prompt's rest kept free), the next batch is the same entries with
+    that request running and taking ``n`` tokens again (a middle chunk, repeatable, its
+    reserve the blocks of the prompt's rest) or its rest (the final chunk). The instance
+    then runs the prompt from its joining chunk to its final one at once
+    (:mod:`~sloserve.engine.chunk_run`). Leave it False when unsure."""
+
     overlap_swap: bool = False
     """Whether KV transfers overlap the forward pass: the engine then charges an iteration
     ``max(batch_time, swap_time)`` instead of their sum (BROS §4.1: asynchronous swaps)."""

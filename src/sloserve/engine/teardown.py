@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sloserve.core.request import Request, RequestStatus
+from sloserve.engine import chunk_run
 from sloserve.engine.interface import ScheduledRequest
 from sloserve.metrics.summary import token_times
 
@@ -63,6 +64,8 @@ def abort(inst: Instance, req: Request) -> bool:
     if pending is not None and any(r is req for r, _n in pending.batch):
         if all(r is not req for r in inst._abort_after):
             inst._abort_after.append(req)
+        # A final chunk not yet begun is decided at the middle run's end, as before.
+        chunk_run.drop_final(pending)
         return True
     now = inst.env.now
     if req.status is RequestStatus.PREEMPTED_SWAPPED:

@@ -130,6 +130,22 @@ class UnifiedScheduler(Scheduler):
         self._all_decode_shortcut = (
             config.groups != "single" and config.order == "fcfs" and not config.eviction_free
         )
+        # The final chunk repeats (Scheduler.repeats_final_chunk): with the same running
+        # requests and nothing waiting or swapped out, _groups gives the same groups in the
+        # same order (fcfs; the prompt is still filling); every candidate before the prompt
+        # takes the same tokens, so the prompt meets the same room, which its rest fits (it
+        # took all of that room before); those after it see more budget than when they
+        # passed; free_blocks - promised does not move with the prompt's own chunks (its
+        # promise shrinks as its blocks grow) and the decodes' growth was checked to fit,
+        # so no candidate meets a shortage (no eviction, no break); R_max and the watermark
+        # bind only joining requests. Only the decode-entry cache differs, which no
+        # decision reads. Not proven for one ranked group or predictor-reading variants.
+        self.repeats_final_chunk = self._all_decode_shortcut and config.chunked_prefill
+        # The joining chunk repeats (Scheduler.repeats_joined_chunk) with decode priority:
+        # the decodes come first, so the prompt met the same room when it joined as it
+        # meets as the only filling request next (no other one fills: it would have taken
+        # P first); later waiting requests find P used up, as before.
+        self.repeats_joined_chunk = self.repeats_final_chunk and config.groups == "decode-first"
 
     def _decode_batch(self, group: Sequence[Request]) -> tuple[ScheduledRequest, ...]:
         entries = self._decode_entries
