@@ -47,7 +47,7 @@ from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_ti
 from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.engine.prefix_stats import prefix_summary
-from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.gc_freeze import frozen, paused_build
 from sloserve.experiments.kv_choice import caching_asked
 from sloserve.experiments.lazy_qlm import is_qlm
 from sloserve.experiments.runner import (
@@ -180,6 +180,7 @@ def _common(values: Sequence[Any]) -> Any:
     return values[0] if values and all(v == values[0] for v in values) else None
 
 
+@paused_build  # the collector on only while the run runs (experiments/gc_freeze.py)
 def simulate_cluster(
     cfg: SimConfig,
     cluster: ClusterConfig | None = None,
