@@ -139,7 +139,6 @@ def _timelines(
     idx[0] = ab[0, 0]
     idx[run_pos[1:]] = ab[1:, 0] - ab[:-1, 1]
     times = log[np.cumsum(idx, out=idx)]
-    del idx  # (as large as the times: not kept alive beside the arrays below)
     first_run = np.cumsum(nruns) - np.asarray(nruns)
     n = np.add.reduceat(lens, first_run)
     s = np.cumsum(n) - n
