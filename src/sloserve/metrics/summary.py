@@ -17,7 +17,6 @@ Definitions (all times in seconds):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -120,25 +119,27 @@ def _timelines(
     """
     nan = float("nan")
     m = len(requests)
-    who = [k for k, r in enumerate(requests) if r.token_runs and not r.streamed_times]
+    flat: list[int] = []
+    nruns: list[int] = []
+    offs: list[int] = []
+    who: list[int] = []
+    for k, r in enumerate(requests):
+        runs = r.token_runs
+        if runs and not r.streamed_times:
+            flat.extend(runs)
+            nruns.append(len(runs) // 2)
+            offs.append(offset[r.instance_id])
+            who.append(k)
     if not who:
         none = np.full(m, nan)
         return np.empty(0), [0] * m, [0] * m, none, none.copy(), none.copy()
-    runs = [requests[k].token_runs for k in who]
-    nruns = [len(x) // 2 for x in runs]
-    ab = np.fromiter(chain.from_iterable(runs), dtype=np.int64, count=2 * sum(nruns))
-    ab = ab.reshape(-1, 2)
-    if len(offset) > 1 or any(offset.values()):  # (one replica: its log starts at 0)
-        offs = [offset[requests[k].instance_id] for k in who]
-        ab += np.repeat(np.asarray(offs, dtype=np.int64), nruns)[:, None]
+    ab = (
+        np.asarray(flat, dtype=np.int64).reshape(-1, 2)
+        + np.repeat(np.asarray(offs, dtype=np.int64), nruns)[:, None]
+    )
     lens = ab[:, 1] - ab[:, 0] + 1
     run_pos = np.cumsum(lens) - lens  # where each run starts in the concatenation
-    # Each token's log index: +1 within a run, a jump from one run's end to the next
-    # one's start (a running sum of integers: exact).
-    idx = np.ones(int(run_pos[-1] + lens[-1]), dtype=np.int64)
-    idx[0] = ab[0, 0]
-    idx[run_pos[1:]] = ab[1:, 0] - ab[:-1, 1]
-    times = log[np.cumsum(idx, out=idx)]
+    times = log[np.arange(int(lens.sum())) + np.repeat(ab[:, 0] - run_pos, lens)]
     first_run = np.cumsum(nruns) - np.asarray(nruns)
     n = np.add.reduceat(lens, first_run)
     s = np.cumsum(n) - n
