@@ -193,9 +193,9 @@ def simulate_cluster(
     ``watch`` may stop it early (:class:`StoppedEarly`)."""
     t0 = time.perf_counter()
     ccfg = cluster or ClusterConfig()
-    ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
-    gcfgs = group_configs(cfg, ccfg)
     read = functools.cache(load_profile)  # one YAML read per profile and run
+    ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy, load=read)
+    gcfgs = group_configs(cfg, ccfg)
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
@@ -218,7 +218,7 @@ def simulate_cluster(
     first_profile: dict[str, str] = {}
     for s in specs:
         first_profile.setdefault(s.model, s.profile)
-    registry = ModelRegistry(ccfg.models, first_profile, ccfg.transfer)
+    registry = ModelRegistry(ccfg.models, first_profile, ccfg.transfer, read)
     for i, sw in enumerate(ccfg.model_swaps):
         try:
             registry.get(sw.model)
