@@ -1,13 +1,16 @@
 """The run's collector setting (``experiments/gc_freeze.py``): what existed before is out
 of the collector's passes during the run and back afterwards; cycles made during the run
-are still freed; a simulation's result does not depend on it."""
+are still freed; a simulation's result does not depend on it. ``paused``: the collector
+off while a run is built, on while it runs (a ``frozen`` block inside), restored after."""
 
 import gc
+import subprocess
+import sys
 import weakref
 
 import pytest
 
-from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.gc_freeze import frozen, paused
 
 
 class _Node:
@@ -54,3 +57,62 @@ def test_a_simulation_gives_the_same_summary_with_and_without_it(
     for s in (a, b):
         s.pop("wall_seconds")
     assert a == b
+
+
+def test_paused_turns_the_collector_off_and_back_on_even_on_error() -> None:
+    assert gc.isenabled()
+    with paused():
+        assert not gc.isenabled()
+        with frozen():  # the run itself: collected as usual
+            assert gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError), paused():
+        raise RuntimeError("a build that fails")
+    assert gc.isenabled()
+
+
+def test_paused_leaves_a_collector_the_caller_turned_off_alone() -> None:
+    gc.disable()
+    try:
+        with paused():
+            with frozen():
+                assert not gc.isenabled()  # not ours to turn on
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_cycle_dropped_while_paused_is_freed_by_the_next_pass() -> None:
+    with paused():
+        n = _Node()
+        ref = weakref.ref(n)
+        del n
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_simulation_restores_the_collector() -> None:
+    import sloserve
+
+    cfg = {"policy": "vllm", "workload": {"mix": "sharegpt", "num_requests": 50,
+                                          "duration_s": None, "seed": 3}}  # fmt: skip
+    sloserve.simulate(cfg)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("before", ["on", "off"])
+def test_importing_the_cli_keeps_the_collectors_setting(before: str) -> None:
+    """The CLI's import runs with the collector off and freezes what it built, only when
+    the collector was on; either way it is as it was afterwards (a fresh process)."""
+    code = (
+        "import gc\n"
+        f"{'gc.disable()' if before == 'off' else ''}\n"
+        "import sloserve.cli\n"
+        "print(gc.isenabled(), gc.get_freeze_count() > 10000)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == (["True", "True"] if before == "on" else ["False", "False"])

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sloserve.cluster.routing import (
+    Hold,
     PipelineRouter,
     Scorer,
     kv_score,
@@ -58,3 +59,26 @@ def test_one_scorer_path_picks_as_the_general_path(
             continue
         for _ in range(rounds):  # the rotation advances alike
             assert router.route(req, view) == general(router, req, view, turn)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(STATUS, st.integers(0, 10**12)), min_size=1, max_size=9),
+    st.sampled_from([1e-15, 1e-9, 1e-3, 1.0, 7.0]),
+    st.integers(1, 6),
+)
+def test_least_outstanding_pick_is_the_general_pick_at_any_weight_and_count(
+    reps: list[tuple[ReplicaStatus, int]], weight: float, rounds: int
+) -> None:
+    """Outstanding counts are integers: the least-outstanding path ties only the lowest
+    counts, and hands the decision to the general path where a tiny weight over a wide span
+    of counts would tie others too (``w · Δ / span <= 1e-12``)."""
+    view = ClusterView(StaticReplica(i, status=s, outstanding=o) for i, (s, o) in enumerate(reps))
+    req = RouteRequest(0, "default", 10)
+    router = PipelineRouter("t", [], [Scorer("s", outstanding_score, weight)], lowest_pick())
+    turn = [0]
+    for _ in range(rounds):
+        if not any(s is ReplicaStatus.UP for s, _ in reps):
+            assert router.route(req, view) == Hold("no_replica")
+            continue
+        assert router.route(req, view) == general(router, req, view, turn)

@@ -14,7 +14,7 @@ A replica's model is its profile's model name unless the group sets ``model``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,7 +26,7 @@ from sloserve.cluster.routing import check_router
 from sloserve.config import validate
 from sloserve.core.bounds import MAX_COUNT, MAX_GIB, MAX_SECONDS, MAX_TOKENS, ReplicaCount
 from sloserve.core.errors import ConfigError
-from sloserve.costmodel.profile import load_profile
+from sloserve.costmodel.profile import ReplicaProfile, load_profile
 from sloserve.policies.registry import make_policy
 
 
@@ -186,14 +186,22 @@ class ClusterConfig(BaseModel):
         """Group index of each replica, by replica index."""
         return [gi for gi, g in enumerate(self.replicas) for _ in range(g.count)]
 
-    def check(self, *, horizon_s: float | None, profile: str, policy: str) -> None:
-        """Names and times against the run (``profile``/``policy``: the run's defaults)."""
+    def check(
+        self,
+        *,
+        horizon_s: float | None,
+        profile: str,
+        policy: str,
+        load: Callable[[str], ReplicaProfile] = load_profile,
+    ) -> None:
+        """Names and times against the run (``profile``/``policy``: the run's defaults;
+        ``load`` reads a profile: a run passes its own cached reader, one read per run)."""
         check_router(self.router, self.router_params)
         for gi, g in enumerate(self.replicas):
             where = f"cluster.replicas.{gi}"
             prof = g.profile or profile
             try:
-                load_profile(prof)
+                load(prof)
             except ConfigError as e:
                 raise ConfigError(f"{where}.profile: {e}") from None
             pol = g.policy or policy

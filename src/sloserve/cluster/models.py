@@ -31,7 +31,7 @@ Where the numbers come from (choices, written down):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -118,9 +118,12 @@ class ModelRegistry:
         overrides: Mapping[str, ModelOverride],
         replica_profiles: Mapping[str, str],
         transfer: TransferConfig,
+        load: Callable[[str], ReplicaProfile] = load_profile,
     ) -> None:
-        """``replica_profiles``: model name -> the profile of the first group serving it."""
+        """``replica_profiles``: model name -> the profile of the first group serving it;
+        ``load`` reads a profile (a run passes its own cached reader)."""
         self.transfer = transfer
+        self._load = load
         self._info: dict[str, ModelInfo] = {}
         names = list(dict.fromkeys([*replica_profiles, *overrides]))
         for name in names:
@@ -132,7 +135,7 @@ class ModelRegistry:
         spec = None
         if prof_name is not None:
             try:
-                spec = load_profile(prof_name).model
+                spec = self._load(prof_name).model
             except ConfigError as e:
                 raise ConfigError(f"cluster.models.{name}.profile: {e}") from None
         else:

@@ -60,6 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sloserve.cluster.least_outstanding import least_outstanding_pick
 from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
 from sloserve.core.errors import ConfigError, UnknownNameError, did_you_mean
 
@@ -349,6 +350,18 @@ class PipelineRouter(Router):
         ``considered`` (accepting replica ids), ``candidates`` (after every filter),
         ``scores`` (scorer name -> normalised score per candidate) and ``total``."""
         if explain is None:  # the common case: no bookkeeping per filter
+            picker, scorers, filters = self.picker, self.scorers, self.filters
+            if (  # least-outstanding as built: the pick every arrival of such a run makes
+                len(scorers) == 1
+                and scorers[0].fn is outstanding_score
+                and type(picker) is _Lowest
+                and len(filters) == 1
+                and filters[0] is accepting
+                and 0 < scorers[0].weight < math.inf
+            ):
+                decided = least_outstanding_pick(req, view, picker, scorers[0].weight)
+                if decided is not None:
+                    return decided
             cand = list(view.serving(req.model))
             first = True
             for f in self.filters:
@@ -356,7 +369,6 @@ class PipelineRouter(Router):
                 if not cand:
                     return Hold("no_replica" if first else self.hold_reason)
                 first = False
-            picker, scorers = self.picker, self.scorers
             # One scorer and the lowest picker (least-outstanding, least-kv): one pass over
             # the candidates, which a many-replica cluster pays on every arrival.
             if type(picker) is _Lowest and len(scorers) == 1 and 0 < scorers[0].weight < math.inf:

@@ -47,7 +47,7 @@ from sloserve.costmodel.transfer import default_kv_link_gb_per_s, kv_transfer_ti
 from sloserve.engine.env import PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance, InstanceTrace
 from sloserve.engine.prefix_stats import prefix_summary
-from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.gc_freeze import frozen, paused_build
 from sloserve.experiments.kv_choice import caching_asked
 from sloserve.experiments.lazy_qlm import is_qlm
 from sloserve.experiments.runner import (
@@ -180,6 +180,7 @@ def _common(values: Sequence[Any]) -> Any:
     return values[0] if values and all(v == values[0] for v in values) else None
 
 
+@paused_build  # the collector on only while the run runs (experiments/gc_freeze.py)
 def simulate_cluster(
     cfg: SimConfig,
     cluster: ClusterConfig | None = None,
@@ -192,9 +193,9 @@ def simulate_cluster(
     ``watch`` may stop it early (:class:`StoppedEarly`)."""
     t0 = time.perf_counter()
     ccfg = cluster or ClusterConfig()
-    ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy)
-    gcfgs = group_configs(cfg, ccfg)
     read = functools.cache(load_profile)  # one YAML read per profile and run
+    ccfg.check(horizon_s=cfg.horizon_s, profile=cfg.instance.profile, policy=cfg.policy, load=read)
+    gcfgs = group_configs(cfg, ccfg)
     if isinstance(requests, Workload):
         workload = requests
     elif requests is not None:
@@ -217,7 +218,7 @@ def simulate_cluster(
     first_profile: dict[str, str] = {}
     for s in specs:
         first_profile.setdefault(s.model, s.profile)
-    registry = ModelRegistry(ccfg.models, first_profile, ccfg.transfer)
+    registry = ModelRegistry(ccfg.models, first_profile, ccfg.transfer, read)
     for i, sw in enumerate(ccfg.model_swaps):
         try:
             registry.get(sw.model)

@@ -26,7 +26,7 @@ from sloserve.engine.executor import Executor
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.engine.prefix_stats import prefix_summary
-from sloserve.experiments.gc_freeze import frozen
+from sloserve.experiments.gc_freeze import frozen, paused, paused_build
 from sloserve.experiments.kv_choice import caching_asked, replica_kv
 from sloserve.experiments.session_feeder import SessionFeeder
 from sloserve.metrics.qoe import consumption_times
@@ -279,7 +279,8 @@ def workload_of(cfg: SimConfig, profile: ReplicaProfile | None = None) -> Worklo
     ``profile``: ``cfg.instance.profile`` already loaded (one YAML read per run)."""
     if profile is None:
         profile = load_profile(cfg.instance.profile)
-    return build_workload(cfg.workload, max_context=profile.model.max_context)
+    with paused():  # the requests live until the run ends: no collector passes over them
+        return build_workload(cfg.workload, max_context=profile.model.max_context)
 
 
 def workload_requests(cfg: SimConfig) -> list[Request]:
@@ -305,6 +306,7 @@ def schedule_arrivals(env: Environment, requests: Sequence[Request], sink: Reque
         env.schedule(first.arrival, lambda: arrive(first), PRIO_ARRIVAL)
 
 
+@paused_build  # the collector on only while the run runs (experiments/gc_freeze.py)
 def simulate(
     cfg: SimConfig,
     requests: Sequence[Request] | Workload | None = None,

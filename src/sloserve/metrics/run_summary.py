@@ -75,12 +75,22 @@ def rates_by(
 ) -> dict[str, float | None]:
     """:func:`_mean` of ``values`` per key, keys as strings in sorted order (pandas'
     ``groupby(key, sort=True)``, which drops a missing key: None or NaN)."""
+    # Each distinct key as it first occurs (dict.fromkeys keeps that one, as setdefault did).
+    found = [k for k in dict.fromkeys(keys) if not (k is None or k != k)]  # None, NaN: none
+    if len(found) <= _FEW_KEYS:  # (a run's classes) one comparison in C per key and row
+        arr = np.fromiter(keys, dtype=object, count=len(keys))
+        return {str(k): _mean(values[np.flatnonzero(arr == k)]) for k in sorted(found)}
     codes: dict[Any, list[int]] = {}
     for i, k in enumerate(keys):
         if k is None or k != k:  # None or NaN (NaN != NaN): no group, as in pandas
             continue
         codes.setdefault(k, []).append(i)
     return {str(k): _mean(values[np.asarray(codes[k], dtype=np.int64)]) for k in sorted(codes)}
+
+
+_FEW_KEYS = 8
+"""Up to this many keys :func:`rates_by` compares each with every row (vectorised);
+more, it collects each key's rows in one pass."""
 
 
 def summarize_columns(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sloserve.core.request import Request, RequestStatus
+from sloserve.core.request import QoESpec, Request, RequestStatus
 from sloserve.metrics.qoe import andes_qoe, delivered_qoe
 from sloserve.metrics.run_summary import summarize_columns
 
@@ -271,11 +271,11 @@ def _chunk_columns(
     FINISHED = RequestStatus.FINISHED
     REJECTED = RequestStatus.REJECTED
     times, starts, counts, ttfts, tpots, gaps = _timelines(chunk, log, offset)
-    qoes = _delivered_qoes(chunk, times, starts, counts)
     ttft = np.asarray(ttfts, dtype=np.float64)
     tpot = np.asarray(tpots, dtype=np.float64)
     gap = np.asarray(gaps, dtype=np.float64)
     ntok = np.asarray(counts, dtype=np.int64)
+    gathered = ntok > 0  # (ntok changes below: the requests done one by one)
     own: dict[int, NDArray[np.float64]] = {}  # token times of the requests done one by one
     for k in np.flatnonzero(ntok == 0).tolist():
         r = chunk[k]
@@ -289,6 +289,10 @@ def _chunk_columns(
     status = [r.status for r in chunk]
     finished = np.asarray([st is FINISHED for st in status], dtype=bool)
     arrival = np.asarray([r.arrival for r in chunk], dtype=np.float64)
+    qspecs = [r.qoe for r in chunk]
+    # The finished requests with a QoE spec whose tokens _timelines gathered: all at once.
+    at_once = gathered & finished & np.asarray([q is not None for q in qspecs], dtype=bool)
+    qoes = _delivered_qoes(chunk, qspecs, at_once, times, starts, counts, arrival)
     finish = np.asarray(
         [r.finish_time if r.finish_time is not None else nan for r in chunk], dtype=np.float64
     )
@@ -303,12 +307,7 @@ def _chunk_columns(
             return nan
         if status[k] is REJECTED:
             return 0.0
-        if counts[k]:
-            if status[k] is FINISHED:
-                return qoes[k]
-            t = times[starts[k] : starts[k] + counts[k]]
-        else:
-            t = own[k]
+        t = times[starts[k] : starts[k] + counts[k]] if counts[k] else own[k]
         if status[k] is FINISHED:
             return andes_qoe(r.arrival, t, rq.ttft_s, rq.tokens_per_s)
         if r.finish_time is not None:
@@ -322,6 +321,9 @@ def _chunk_columns(
             )
         return nan
 
+    qoe_col = qoes  # the rest one by one: rejected, in flight, no spec, a failover's
+    for k in np.flatnonzero(~at_once).tolist():
+        qoe_col[k] = qoe(k, chunk[k])
     slos = [r.slo for r in chunk]
     empty = np.asarray([x.empty for x in slos], dtype=bool)
     ttft_ok = _meets_all(slos, "ttft_s", ttft, finished | (ntok > 0))
@@ -337,7 +339,7 @@ def _chunk_columns(
         "max_gap_s": gap.tolist(),
         "e2e_s": e2e.tolist(),
         "normalized_latency_s": norm.tolist(),
-        "qoe": [qoe(k, r) for k, r in enumerate(chunk)],
+        "qoe": qoe_col.tolist(),
         "ttft_ok": ttft_ok.tolist(),
         "tpot_ok": tpot_ok.tolist(),
         "deadline_ok": dl_ok.tolist(),
@@ -357,85 +359,85 @@ def _meets_all(
 
 
 def _delivered_qoes(
-    requests: Sequence[Request], times: NDArray[np.float64], starts: list[int], counts: list[int]
-) -> dict[int, float]:
-    """:func:`~sloserve.metrics.qoe.delivered_qoe` of every finished request with a QoE
-    spec whose tokens :func:`_timelines` gathered, by position: the elementwise steps for
-    all of them at once, then per request only what must stay per request to give the very
-    same floats (the running maximum and numpy's pairwise sums over each request's own
-    tokens)."""
-    FINISHED = RequestStatus.FINISHED
-    rows = [
-        k
-        for k, r in enumerate(requests)
-        if counts[k] and r.qoe is not None and r.status is FINISHED
-    ]
-    if not rows:
-        return {}
-    arrival = []
-    target = []
-    speed = []
-    for k in rows:
-        r = requests[k]
-        q = r.qoe
-        assert q is not None
-        if not q.tokens_per_s > 0 or not q.ttft_s >= 0:  # the per-request errors
-            delivered_qoe(r.arrival, _EMPTY, q.ttft_s, q.tokens_per_s)
-        arrival.append(r.arrival)
-        target.append(q.ttft_s)
-        speed.append(q.tokens_per_s)
-    out: dict[int, float] = {}
-    for lo in range(0, len(rows), _QOE_CHUNK):  # bounded per-token temporaries
-        hi = lo + _QOE_CHUNK
-        _qoe_part(
-            out, times, rows[lo:hi], [starts[k] for k in rows[lo:hi]],
-            [counts[k] for k in rows[lo:hi]], arrival[lo:hi], target[lo:hi], speed[lo:hi],
-        )  # fmt: skip
+    requests: Sequence[Request],
+    qspecs: Sequence[QoESpec | None],
+    at_once: NDArray[np.bool_],
+    times: NDArray[np.float64],
+    starts: Sequence[int],
+    counts: Sequence[int],
+    arrival: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """:func:`~sloserve.metrics.qoe.delivered_qoe` of the requests ``at_once`` marks
+    (finished, with a QoE spec, their tokens gathered by :func:`_timelines`), by position
+    (NaN elsewhere).
+
+    Requests with the same number of tokens are done together as the rows of one 2-D
+    array (:func:`_qoe_rows`): each step of ``delivered_qoe`` is then one numpy call for
+    all of them, the running maximum runs along each row (a maximum rounds nothing) and
+    each row's sums are numpy's pairwise sums over that row alone — a C-contiguous row
+    reduced along the last axis is summed exactly as the same values in a 1-D array
+    (checked bit for bit in ``tests/test_summary_qoe_rows.py``), so every float is the one
+    ``delivered_qoe`` gives."""
+    out = np.full(len(requests), np.nan)
+    rows = np.flatnonzero(at_once)
+    if not rows.size:
+        return out
+    specs = [q for q in (qspecs[k] for k in rows.tolist()) if q is not None]  # all of them
+    target = np.asarray([q.ttft_s for q in specs], dtype=np.float64)
+    spd = np.asarray([q.tokens_per_s for q in specs], dtype=np.float64)
+    bad = np.flatnonzero(~(spd > 0) | ~(target >= 0))
+    if bad.size:  # the first request's own error, as delivered_qoe raises it
+        k = int(rows[bad[0]])
+        delivered_qoe(float(arrival[k]), _EMPTY, float(target[bad[0]]), float(spd[bad[0]]))
+    n = np.asarray(counts, dtype=np.int64)[rows]
+    start = np.asarray(starts, dtype=np.int64)[rows]
+    t1 = arrival[rows] + target
+    whole = np.empty(rows.size)
+    delay = np.empty(rows.size)
+    order = np.argsort(n, kind="stable")  # rows of equal length next to each other
+    n_sorted = n[order]
+    cuts = np.flatnonzero(np.diff(n_sorted)) + 1
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), rows.size], strict=True):
+        m = int(n_sorted[lo])
+        step = max(1, _QOE_CHUNK * 256 // m)  # bounded temporaries: rows x m values each
+        for a in range(lo, hi, step):
+            idx = order[a : min(hi, a + step)]
+            whole[idx], delay[idx] = _qoe_rows(times, start[idx], m, t1[idx], spd[idx])
+    # min(1, max(0, 1 - S_delay / S_whole)), 1 where S_whole <= 0: numpy's minimum and
+    # maximum pick as Python's min and max do on these (never NaN) values.
+    pos = whole > 0
+    q = np.ones(rows.size)
+    q[pos] = np.minimum(1.0, np.maximum(0.0, 1.0 - delay[pos] / whole[pos]))
+    out[rows] = q
     return out
 
 
-def _qoe_part(
-    out: dict[int, float],
+def _qoe_rows(
     times: NDArray[np.float64],
-    rows: list[int],
-    starts: list[int],
-    counts: list[int],
-    arrival: list[float],
-    target: list[float],
-    speed: list[float],
-) -> None:
-    """:func:`_delivered_qoes` for some of the rows; each step in place where it can be
-    (the same operations as :func:`~sloserve.metrics.qoe.delivered_qoe`, in its order)."""
-    n = np.asarray(counts, dtype=np.int64)
-    seg = np.cumsum(n) - n  # where each request starts in the gathered arrays
-    j = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(seg, n)  # index in its request
-    x = times[j + np.repeat(np.asarray(starts, dtype=np.int64), n)]  # its token times
-    st = j.astype(np.float64)
-    del j
-    st /= np.repeat(np.asarray(speed, dtype=np.float64), n)  # (i-1)/s
+    start: NDArray[np.int64],
+    m: int,
+    t1: NDArray[np.float64],
+    speed: NDArray[np.float64],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``S_whole`` and ``S_delay`` of requests of ``m`` tokens each (their tokens at
+    ``times[start:start + m]``), one request a row: :func:`~sloserve.metrics.qoe.
+    delivered_qoe`'s operations, in its order, each in place where it can be."""
+    x = times[start[:, None] + np.arange(m)]  # a fresh C-contiguous (rows, m) array
+    st = np.arange(m, dtype=np.float64) / speed[:, None]  # (i-1)/s
     x -= st
-    t1 = np.asarray(arrival, dtype=np.float64) + np.asarray(target, dtype=np.float64)
-    x[seg] = np.maximum(x[seg], t1)
-    acc = np.maximum.accumulate
-    bounds = list(zip(seg.tolist(), n.tolist(), strict=True))
-    for o, m in bounds:
-        acc(x[o : o + m], out=x[o : o + m])
+    np.maximum(x[:, 0], t1, out=x[:, 0])
+    np.maximum.accumulate(x, axis=1, out=x)
     x += st  # a: the consumption times
-    ideal = np.add(np.repeat(t1, n), st, out=st)  # t1 + (i-1)/s
-    whole = np.repeat(x[seg + n - 1], n)
-    whole -= ideal  # a[-1] - ideal
+    ideal = np.add(t1[:, None], st, out=st)  # t1 + (i-1)/s
+    whole = x[:, -1:] - ideal  # a[-1] - ideal
     x -= ideal  # a - ideal
-    total = np.add.reduce  # ndarray.sum's own reduction, without its Python wrapper
-    for k, (o, m) in zip(rows, bounds, strict=True):
-        s_whole = float(total(whole[o : o + m]))
-        if s_whole <= 0:
-            out[k] = 1.0
-            continue
-        s_delay = float(total(x[o : o + m]))
-        out[k] = min(1.0, max(0.0, 1.0 - s_delay / s_whole))
+    total = np.add.reduce  # along each row: pairwise, as ndarray.sum of that row alone
+    return total(whole, axis=1), total(x, axis=1)
 
 
 _QOE_CHUNK = 1024
+"""With 256 tokens a request on average: the most token values (``_QOE_CHUNK * 256``) one
+step of :func:`_delivered_qoes` holds in each of its temporaries."""
 _EMPTY: NDArray[np.float64] = np.empty(0)
 _CHUNK = 8192
 
