@@ -16,9 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from sloserve.core import yamlload
 from sloserve.core.errors import ConfigError, UnknownNameError
 from sloserve.core.hardware import GPUSpec, ModelSpec
 
@@ -51,7 +51,7 @@ def _specs_dir() -> Path:
 
 def _read(filename: str, section: str) -> dict[str, dict[str, Any]]:
     path = _specs_dir() / filename
-    data = yaml.safe_load(path.read_text())
+    data = yamlload.safe_load(path.read_text())
     if not isinstance(data, dict) or not isinstance(data.get(section), dict):
         raise ConfigError(f"{path}: expected a mapping under {section!r}")
     out: dict[str, dict[str, Any]] = data[section]

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sloserve.core import yamlload
 from sloserve.core.errors import (
     ConfigError,
     UnknownNameError,
@@ -190,7 +191,7 @@ def load_profile_file(path: str | Path) -> ReplicaProfile:
     """Read a profile YAML; errors name the file and the bad field."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yamlload.safe_load(p.read_text())
     except OSError as e:
         raise ConfigError(f"{p}: cannot read profile ({e.strerror})") from e
     except UnicodeDecodeError:
