@@ -412,9 +412,11 @@ class UnifiedScheduler(Scheduler):
                         swap_in.append(cand)
                 batch.append(_new_entry(ScheduledRequest, (cand, n)))  # (no Python __new__)
                 in_batch.add(rid)
-                if n == remaining and not is_decode and n_out + 1 < cand.true_output_len:
+                if n == remaining and not is_decode:
                     # Its final chunk: it decodes next. Its decode entry is built now (a
                     # miss in _decode_batch costs an exception and a walk of the group).
+                    # Not gated on the output length, which a policy must not read: a
+                    # request that stops at its first token drops the entry at finish.
                     self._decode_entries[cand] = _new_entry(ScheduledRequest, (cand, 1))
                 if not joining:
                     if is_decode:
