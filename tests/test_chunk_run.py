@@ -239,6 +239,23 @@ def test_an_arrival_mid_run_cuts_it_as_before(where: float) -> None:
     assert on == off
 
 
+@pytest.mark.parametrize("where", [-0.2, 0.3, 1.2])
+def test_an_abort_mid_run_cuts_it_as_before(where: float) -> None:
+    # The chunked prompt is aborted during its joining chunk, its middle run or its final
+    # chunk: what was planned after it is given up exactly as the single steps gave it up
+    # (teardown.abort drops the chain; the property test rarely lands an abort there).
+    spec = [(0.0, 4, 40), (0.0, 4, 40), (0.05, 70, 5)]
+    setup = {**_LONG, "cut": True}
+    tr = _simulate(setup, spec, final=False)["trace"]
+    row = tr["steps"].index(3)
+    at = tr["time"][row] + where * tr["duration"][row]
+    on = _simulate(setup, spec, aborts=[(at, 2)])
+    off = _simulate(setup, spec, final=False, aborts=[(at, 2)])
+    on.pop("decisions"), off.pop("decisions")
+    on.pop("times"), off.pop("times")
+    assert on == off
+
+
 def test_pricing_the_final_chunk_as_a_middle_one_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # The equality above has teeth: a final chunk priced with the middle chunk's
     # statistics (one plausible bug) moves the iteration ends.
