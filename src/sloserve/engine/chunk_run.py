@@ -65,7 +65,7 @@ from sloserve.engine.checks import Split
 from sloserve.engine.env import PRIO_ITERATION
 from sloserve.engine.executor import CostModelExecutor, price
 from sloserve.engine.interface import ScheduledRequest, SchedulerOutput
-from sloserve.engine.kv import PagedKVManager
+from sloserve.engine.kv import KVCacheManager, PagedKVManager
 
 if TYPE_CHECKING:
     from sloserve.engine.fastpath import Run
@@ -122,6 +122,14 @@ def eligible(inst: Instance) -> bool:
     )
 
 
+def _decodes_fit(kv: KVCacheManager, decode_ids: list[int], steps: int, free: int) -> bool:
+    """Whether ``decode_ids`` can each grow ``steps`` tokens in ``free`` blocks (the
+    paged manager's cheap bound first: every request starting on a full block)."""
+    if free >= len(decode_ids) * (steps // kv.block_size + 1):
+        return True
+    return kv.max_uniform_growth(decode_ids, steps, free) >= steps
+
+
 def plan(
     inst: Instance,
     out: SchedulerOutput,
@@ -156,11 +164,7 @@ def plan(
     reserve = out.repeat_reserve_blocks
     if kv.blocks_needed(r.req_id, m * n + rest) > reserve:
         return None
-    free = kv.num_free_blocks - reserve
-    nd = len(decode_ids)
-    if free < nd * ((m + 1) // kv.block_size + 1) and (
-        kv.max_uniform_growth(decode_ids, m + 1, free) < m + 1
-    ):
+    if not _decodes_fit(kv, decode_ids, m + 1, kv.num_free_blocks - reserve):
         return None
     t_next = inst.next_event()
     durs, ends = _price_middle(inst, stats, now, m, work_step)
@@ -247,13 +251,12 @@ def chain_join(inst: Instance, out: SchedulerOutput, pending: _Pending, split: S
     if not inst.multi_step or m + 2 > MAX_FAST_STEPS or fewest <= m + 1:
         return
     kv = inst.kv
-    free = kv.num_free_blocks - kv.blocks_needed(r.req_id, prompt - n)
-    nd = len(decode_ids)
-    if free < nd * ((m + 1) // kv.block_size + 1) and (
-        kv.max_uniform_growth(decode_ids, m + 1, free) < m + 1
+    if not _decodes_fit(
+        kv, decode_ids, m + 1, kv.num_free_blocks - kv.blocks_needed(r.req_id, prompt - n)
     ):
         return
     # The middle chunks' batch as the fast path would see it after the join retired.
+    nd = len(decode_ids)
     stats = batch_stats(n, 1, n * (n + n), nd, ctx + nd)
     start = pending.ends[0]
     mid_ends: list[float] = []
