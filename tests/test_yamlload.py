@@ -58,3 +58,40 @@ def test_pure_fallback_without_libyaml(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_same_scalars_as_safe_load() -> None:
     text = "x: 1e3\ny: 0x10\nz: yes\nw: ~\nd: 2024-01-02\nf: .inf\nn: 007\n"
     assert _same(yamlload.safe_load(text), yaml.safe_load(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a:\t1\n", "a: 1\t# c\n", "a: [1,\t2]\n", "a: 1\t\n", "a\t: 1\n"],
+    ids=["sep", "comment", "flow", "trailing", "key"],
+)
+def test_tab_separators_read_as_the_pure_parser_does(text: str) -> None:
+    # libyaml accepts these; the pure parser rejects them: a file must not load on one
+    # install and fail on another.
+    with pytest.raises(yaml.YAMLError) as pure:
+        yaml.safe_load(text)
+    with pytest.raises(yaml.YAMLError) as fast:
+        yamlload.safe_load(text)
+    assert str(fast.value) == str(pure.value)
+
+
+def test_inner_byte_order_mark_reads_as_the_pure_parser_does() -> None:
+    text = "a:\n  b: 1\n\ufeff c: 2\n"
+    assert yamlload.safe_load(text) == yaml.safe_load(text) == {"a": {"b": 1}, "\ufeff c": 2}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["libyaml", "pure"])
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [("d: 2024-13-45\n", "bad value: month must be in 1..12"), ("[" * 3000, "nested too deeply")],
+    ids=["date", "deep"],
+)
+def test_values_python_cannot_build_are_yaml_errors(
+    monkeypatch: pytest.MonkeyPatch, fast: bool, text: str, problem: str
+) -> None:
+    if not fast:
+        monkeypatch.setattr(yamlload, "_FAST_LOADER", None)
+    with pytest.raises(yamlload.YAMLValueError) as err:
+        yamlload.safe_load(text)
+    assert isinstance(err.value, yaml.YAMLError)
+    assert err.value.problem == problem

@@ -10,13 +10,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sloserve.core import yamlload
 from sloserve.core.errors import ConfigError, plain_message, yaml_problem
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yamlload.safe_load(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
     except OSError as e:

@@ -43,6 +43,8 @@ def _router_params(text: str | None) -> dict[str, dict[str, Any]] | None:
         return None
     import yaml
 
+    from sloserve.core import yamlload
+
     out: dict[str, dict[str, Any]] = {}
     for item in text.split(","):
         key, sep, value = item.strip().partition("=")
@@ -50,7 +52,7 @@ def _router_params(text: str | None) -> dict[str, dict[str, Any]] | None:
         if not sep or not dot or not router or not name:
             raise ConfigError(f"--router-params: {item.strip()!r} is not ROUTER.KEY=VALUE")
         try:
-            out.setdefault(router, {})[name] = yaml.safe_load(value)
+            out.setdefault(router, {})[name] = yamlload.safe_load(value)
         except yaml.YAMLError:
             raise ConfigError(f"--router-params: {key}: {value!r} is not a value") from None
     return out

@@ -78,8 +78,10 @@ def _upstream_backend(
 def _yaml_mapping(path: Path) -> dict[str, Any]:
     import yaml
 
+    from sloserve.core import yamlload
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlload.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ConfigError(f"--config {path}: {e}") from None
     if not isinstance(data, dict):

@@ -29,13 +29,36 @@ Choices where the sources leave room:
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
-class ModelSpec(BaseModel):
+class SpecModel(BaseModel):
+    """A frozen spec read from YAML: no unknown keys, no infinite or NaN numbers (``.inf``
+    in a file would only fail later, deep in KV sizing), and no boolean where a number is
+    expected (YAML 1.1 reads ``yes``/``no``/``on``/``off`` as booleans, which pydantic
+    would otherwise take as 1 and 0: ``num_layers: yes`` would be one layer)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if (
+            isinstance(value, bool)
+            and info.field_name is not None
+            and cls.model_fields[info.field_name].annotation not in (bool, "bool")
+        ):
+            raise ValueError(
+                f"expected a number, not the boolean {str(value).lower()} "
+                "(YAML reads yes/no/on/off as booleans)"
+            )
+        return value
+
+
+class ModelSpec(SpecModel):
     """A decoder-only transformer's shape (from its public config.json)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     num_layers: int = Field(gt=0)
@@ -121,10 +144,8 @@ class ModelSpec(BaseModel):
         return self.num_layers * self.layer_params() + embeddings + self.hidden_size
 
 
-class GPUSpec(BaseModel):
+class GPUSpec(SpecModel):
     """One accelerator's compute, memory and link facts (public data sheets)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     memory_gib: float = Field(gt=0)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from sloserve.core import yamlload
 from sloserve.core.errors import (
@@ -45,7 +45,7 @@ from sloserve.core.errors import (
     plain_message,
     yaml_problem,
 )
-from sloserve.core.hardware import GPUSpec, ModelSpec
+from sloserve.core.hardware import GPUSpec, ModelSpec, SpecModel
 from sloserve.costmodel.base import CostModel
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
 
@@ -85,10 +85,8 @@ def kv_capacity(
     return int(free // model.kv_bytes_per_token_tp(tp))
 
 
-class ReplicaProfile(BaseModel):
+class ReplicaProfile(SpecModel):
     """One serving replica's hardware and its calibrated linear batch-time model."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     description: str = ""

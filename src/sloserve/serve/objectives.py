@@ -65,9 +65,11 @@ def load_objectives(path: str | Path) -> dict[str, Objective]:
     the field on bad input."""
     import yaml
 
+    from sloserve.core import yamlload
+
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = yamlload.safe_load(p.read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"{p}: cannot read the objectives file: {e.strerror}") from None
     except yaml.YAMLError as e:
