@@ -81,7 +81,15 @@ def test_mooncake_small_file_by_hand(tmp_path: Path) -> None:
         ),
         (
             lines({"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": ["a"]}),
-            r"line 1, field hash_ids: must be a list of integers",
+            r'line 1, field hash_ids: must be a list of integers \(holds "a"\)',
+        ),
+        (
+            lines({"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": 7}),
+            r"line 1, field hash_ids: must be a list of integers \(not 7\)",
+        ),
+        (
+            lines({"timestamp": 0, "input_length": 5, "output_length": 3, "hash_ids": [1, True]}),
+            r"line 1, field hash_ids: must be a list of integers \(holds true\)",
         ),
         (  # Python hashes -1 and -2 alike: they would share a cache key
             lines({"timestamp": 0, "input_length": 1024, "output_length": 3, "hash_ids": [0, -2]}),

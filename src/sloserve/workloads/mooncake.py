@@ -89,7 +89,17 @@ def load_mooncake(path: str | Path, *, strict: bool = True) -> TraceTable:
             if not isinstance(h, list) or not all(
                 isinstance(x, int) and not isinstance(x, bool) for x in h
             ):
-                raise WorkloadError(f"{p}: line {no}, field hash_ids: must be a list of integers")
+                what = "not" if not isinstance(h, list) else "holds"
+                bad = (
+                    h
+                    if not isinstance(h, list)
+                    else next(x for x in h if not isinstance(x, int) or isinstance(x, bool))
+                )
+                shown = json.dumps(bad)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                raise WorkloadError(
+                    f"{p}: line {no}, field hash_ids: must be a list of integers ({what} {shown})"
+                )
             neg = next((x for x in h if x < 0), None)
             if neg is not None:  # Python hashes -1 and -2 alike: two ids, one cache key
                 raise WorkloadError(f"{p}: line {no}, field hash_ids: {neg} is negative")
