@@ -35,7 +35,7 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import CostModel, batch_stats
-from sloserve.engine import chunk_run, prefix_cache, teardown
+from sloserve.engine import chunk_run, decode_run, prefix_cache, teardown
 from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
 from sloserve.engine.checks import check_batch, check_evictions
@@ -278,7 +278,12 @@ class Instance:
         pkv = self._prefix_kv
         if pkv is not None:
             prefix_cache.refresh_queued(self, pkv)
-        out = self.scheduler.schedule(self.view)
+        cont = self._cont  # running decodes the policy may promise to schedule again
+        out = None
+        if cont is not None and self.scheduler.repeats_decode_run:
+            out = decode_run.repeat(self, cont)  # (:mod:`.decode_run`)
+        if out is None:
+            out = self.scheduler.schedule(self.view)
         if pkv is not None:  # no batch: queued requests release prefixes
             out = prefix_cache.unblock(self, pkv, out)
         if out.empty:
