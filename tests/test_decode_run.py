@@ -215,6 +215,22 @@ def test_each_finish_ends_a_run_and_the_next_is_not_asked(policy: str) -> None:
     assert [on["done_at"][i] for i in range(4)] == [on["requests"][i][3] for i in range(4)]
 
 
+@pytest.mark.parametrize("policy", ["vllm", "sarathi"])
+def test_single_steps_of_decodes_are_promised_too(policy: str) -> None:
+    # One iteration at a time: a single step of decodes only makes its whole batch the
+    # continuation (decode_run.whole), so every later decode step is promised, not asked,
+    # and nothing else changes.
+    spec = [(0.0, 8, 10), (0.0, 8, 20), (0.01, 8, 30), (0.2, 8, 40)]
+    setup = {**_PLAIN, "policy": policy}
+    on = _simulate(setup, spec, multi_step=False)
+    off = _simulate(setup, spec, multi_step=False, promise=False)
+    checked = _simulate(setup, spec, multi_step=False, checks=True)
+    _same(on, off)
+    _same(checked, off)
+    # (asked at every iteration, and once more to find nothing left)
+    assert off["calls"] == len(off["iter_end"]) + 1 and on["calls"] < off["calls"] // 2
+
+
 def test_not_taken_with_a_request_waiting_or_blocks_short() -> None:
     inst: Instance = make_instance("vllm", M=64, block_size=4)
     inst.debug_checks = False

@@ -26,6 +26,11 @@ mid-run reads see what they saw. The conditions (all cheap, read as the policy w
 * each decode fits whatever block it needs (``len(running) <= num_free_blocks``) and the
   batch fits C (``len(running) <= max_batch_tokens``).
 
+A single step whose batch is running one-token decodes only (the next event a single
+iteration away, or a decode with one token left) makes its whole batch the continuation
+too (:func:`whole`; before, only a fast run did, and a single step kept the part the
+continuation already held), so the decision after it can be promised as well.
+
 Under the engine's invariant checks the policy is asked anyway and its answer compared
 (a broken promise raises :class:`~sloserve.core.errors.SchedulerViolation`), so tests
 with ``check_invariants`` verify the promise on every decision it skips.
@@ -33,10 +38,12 @@ with ``check_invariants`` verify the promise on every decision it skips.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from sloserve.engine.checks import Split
 from sloserve.engine.continuation import Continuation
-from sloserve.engine.interface import SchedulerOutput, scheduler_output
+from sloserve.engine.interface import ScheduledRequest, SchedulerOutput, scheduler_output
 
 if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
@@ -79,3 +86,31 @@ def _check(inst: Instance, out: SchedulerOutput) -> None:
             f"(repeatable={asked.repeatable}, {len(asked.preempt)} evicted, "
             f"{len(asked.swap_in)} swapped in, reserve {asked.repeat_reserve_blocks})",
         )
+
+
+_NONE_LEFT = 1 << 62
+
+
+def whole(
+    batch: Sequence[ScheduledRequest], split: Split, lead: Continuation | None
+) -> Continuation | None:
+    """A single step's batch as the continuation it becomes once delivered, when
+    :func:`~sloserve.engine.checks.check_batch` found only running one-token decodes in it
+    (``split``: their ids and context sum, no other entry; none evicted, the caller checked)
+    and ``lead`` (the continuation its first entries are, if any) or None. Its entries
+    were checked there (running here, one token each, none twice); only the fewest tokens
+    left is counted, for the entries after ``lead``'s."""
+    decode_ids, ctx, others = split
+    if others or not decode_ids:
+        return lead
+    entries = batch if batch.__class__ is tuple else tuple(batch)
+    n_lead = 0
+    left = _NONE_LEFT
+    if lead is not None:
+        n_lead = len(lead.entries)
+        left = lead.left
+    for r, _n in entries[n_lead:]:
+        rest = r.true_output_len - r.num_output_tokens
+        if rest < left:
+            left = rest
+    return Continuation(entries, decode_ids, ctx, left)

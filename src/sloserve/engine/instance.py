@@ -453,7 +453,10 @@ class Instance:
         if not dur > 0:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
-        pending = self._record(batch, ends, tokens, now, kv_before, fast=False, dec=lead)
+        dec = lead
+        if split is not None and not split[2] and not out.preempt:  # running decodes only
+            dec = decode_run.whole(batch, split, lead)  # (its delivery makes them the next)
+        pending = self._record(batch, ends, tokens, now, kv_before, fast=False, dec=dec)
         if admitted == 1 and split is not None and self.scheduler.repeats_joined_chunk:
             chunk_run.chain_join(self, out, pending, split)  # (its chunks may follow)
         return pending
