@@ -345,3 +345,61 @@ def test_cluster_runs_are_the_same_with_promised_decode_runs(
     assert {k: v for k, v in on.summary.items() if k not in drop} == {
         k: v for k, v in off.summary.items() if k not in drop
     }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=st.lists(
+        st.tuples(
+            st.floats(0, 1),
+            st.integers(1, 60),
+            st.integers(1, 30),
+            st.lists(st.integers(0, 2), min_size=1, max_size=8),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    policy=st.sampled_from(["vllm", "sarathi", "vllm-hy"]),
+    blocks=st.integers(16, 64),
+)
+def test_promised_decode_runs_with_prefix_caching(
+    spec: list[tuple[float, int, int, list[int]]], policy: str, blocks: int
+) -> None:
+    # Shared prompt prefixes on the prefix-caching manager (hits, evictions, a tight cache):
+    # the promise taken or refused, every request's tokens and times the same.
+    from sloserve.core.predictor import make_predictor
+    from sloserve.engine.env import Environment
+    from sloserve.engine.interface import Limits
+    from sloserve.engine.prefix_cache import PrefixCachingKVManager
+    from sloserve.policies.registry import make_policy
+
+    def serve(promise: bool) -> tuple[list[Any], list[float], dict[str, list[Any]], int]:
+        env = Environment()
+        kv = PrefixCachingKVManager(blocks, 4, 16, source_block_tokens=8)
+        sched = make_policy(policy)
+        sched.repeats_decode_run = promise
+        inst = Instance(
+            env, sched, small_linear_cost(), Limits(256, 256, blocks * 4, 4, 4),
+            make_predictor("oracle"), kv=kv, cpu_swap_blocks=16,
+        )  # fmt: skip
+        calls = [0]
+        schedule = sched.schedule
+
+        def counted(view: Any) -> Any:
+            calls[0] += 1
+            return schedule(view)
+
+        sched.schedule = counted  # type: ignore[method-assign]
+        reqs = [Request(i, a, p, o, hash_ids=tuple(h)) for i, (a, p, o, h) in enumerate(spec)]
+        for r in reqs:
+            env.schedule(r.arrival, lambda r=r: inst.add_request(r), PRIO_ARRIVAL)
+        env.run()
+        rows = [
+            (r.status, list(r.token_runs), r.finish_time, r.num_cached_tokens, r.num_preemptions)
+            for r in reqs
+        ]
+        return rows, list(inst.iter_end), dataclasses.asdict(inst.trace), calls[0]
+
+    on, off = serve(True), serve(False)
+    assert on[:3] == off[:3]
+    assert on[3] <= off[3]
