@@ -1,14 +1,15 @@
-"""Engine CPU with and without the chunk runs of ``engine/chunk_run.py``, in one process.
+"""Engine CPU with and without the chunk runs of ``engine/chunk_run.py`` (or, with
+``--feature decode``, the promised decode runs of ``engine/decode_run.py``), in one process.
 
 Runs one ``sloserve`` CLI command (default: ``sim_e2e.py``'s 4-replica run) ``--pairs``
-times with the chunk runs off and on in alternation (off: ``chunk_run.eligible`` answers
-False, the engine as it was before them), timing ``Environment.run`` with
-``time.process_time``, and prints both medians, the paired ratios, the policy decisions
-of each (batches applied) and whether the two printed the same output (wall-clock fields
-aside). One process for both: on a shared machine the pairs see the same load and the
-same warm interpreter, so small differences show.
+times with the feature off and on in alternation (off: ``chunk_run.eligible`` answers
+False, or ``decode_run.repeat`` None: the engine as it was before them), timing
+``Environment.run`` with ``time.process_time``, and prints both medians, the paired
+ratios, the decisions of each (batches applied) and whether the two printed the same
+output (wall-clock fields aside). One process for both: on a shared machine the pairs
+see the same load and the same warm interpreter, so small differences show.
 
-    python benchmarks/chunk_runs_ab.py --pairs 8 [-- simulate ... --json]
+    python benchmarks/chunk_runs_ab.py --pairs 8 [--feature decode] [-- simulate ... --json]
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from sloserve.engine import chunk_run
+from sloserve.engine import chunk_run, decode_run
 from sloserve.engine import env as envmod
 from sloserve.engine import instance as instmod
 
@@ -56,16 +57,18 @@ def _clean(x: Any) -> Any:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--feature", choices=("chunk", "decode"), default="chunk")
     ap.add_argument("args", nargs="*", help="the CLI command (after --); default: 4 replicas")
     a = ap.parse_args()
     if a.pairs < 1:
         print("chunk_runs_ab.py: --pairs must be >= 1", file=sys.stderr)
         return 2
     args = a.args or CLUSTER
-    real_run, real_apply, real_eligible = (
+    real_run, real_apply, real_eligible, real_repeat = (
         envmod.Environment.run,
         instmod.Instance._apply,
         chunk_run.eligible,
+        decode_run.repeat,
     )
     spent, applied = [0.0], [0]
 
@@ -90,7 +93,10 @@ def main() -> int:
     load = os.getloadavg()
     for _ in range(a.pairs):
         for mode in ("off", "on"):
-            chunk_run.eligible = real_eligible if mode == "on" else (lambda inst: False)  # type: ignore[assignment]
+            on = mode == "on" or a.feature != "chunk"
+            chunk_run.eligible = real_eligible if on else (lambda inst: False)  # type: ignore[assignment]
+            on = mode == "on" or a.feature != "decode"
+            decode_run.repeat = real_repeat if on else (lambda inst, cont: None)  # type: ignore[assignment]
             spent[0], applied[0] = 0.0, 0
             sys.argv = ["sloserve", *args]
             out = io.StringIO()
@@ -104,6 +110,7 @@ def main() -> int:
             decisions[mode] = applied[0]
             outputs[mode] = _clean(json.loads(out.getvalue()))
     chunk_run.eligible = real_eligible  # type: ignore[assignment]
+    decode_run.repeat = real_repeat  # type: ignore[assignment]
     for mode, xs in cpu.items():
         print(
             f"{mode}: engine CPU median {statistics.median(xs):.3f} s "

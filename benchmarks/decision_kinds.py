@@ -12,7 +12,9 @@ the engine applies it) and prints, per kind, how many decisions there were:
   (``join chunk``: the prompt joined this iteration, so the batch is not repeatable), a
   repeatable middle chunk the fast path ran for one iteration only (``left`` is how many
   non-final chunks the prompt had still to take, ``event``: a decode finishing or an
-  arrival cut it), a prompt's final chunk, whole prompts, decodes only.
+  arrival cut it), a prompt's final chunk, whole prompts, decodes only;
+* ``(of all) policy not asked``: decisions (of any kind above) whose batch was the
+  previous run of decodes again, taken without a policy call (``engine/decode_run.py``).
 
 ``chunk run`` counts the single steps whose batch is *exactly* the previous decision's
 decodes plus the next chunk (final or not) of the same prompt, on the same replica: the
@@ -32,6 +34,7 @@ import io
 import sys
 from typing import Any
 
+from sloserve.engine import decode_run
 from sloserve.engine import instance as instance_mod
 from sloserve.engine.interface import SchedulerOutput
 
@@ -91,6 +94,15 @@ def main(argv: list[str]) -> int:
         return pending
 
     instance_mod.Instance._apply = apply  # type: ignore[method-assign]
+    real_repeat = decode_run.repeat
+
+    def repeat(inst: Any, cont: Any) -> Any:
+        out = real_repeat(inst, cont)
+        if out is not None:
+            counts["(of all) policy not asked: its decode run promised again"] += 1
+        return out
+
+    decode_run.repeat = repeat
     from sloserve.cli import main as cli_main
 
     sys.argv = ["sloserve", *argv]

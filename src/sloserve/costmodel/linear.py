@@ -10,6 +10,7 @@ Aladdin's prefill/decode forms are special cases (zero the terms they lack).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -169,6 +170,20 @@ class LinearCostModel(CostModel):
         ctx = stats.decode_context_sum
         work = stats.prefill_attn_work
         end = now
+        if not npf:
+            # Decodes only (most runs): the loop below without its per-step tests, the
+            # same operations in the same order. No event: a NaN bound never stops it.
+            stop = t_next if t_next != _INF else math.nan
+            add_dur, add_end = durs.append, ends.append
+            for _ in range(limit):
+                t = base + (dec + kv * float(ctx))
+                ctx += nd
+                end = end + t
+                add_dur(t)
+                add_end(end)
+                if end >= stop:
+                    break
+            return durs, ends
         for _ in range(limit):
             t = base
             if nd:

@@ -63,6 +63,8 @@ def lead(cont: Continuation | None, batch: Sequence[ScheduledRequest]) -> int:
         return 0
     entries = cont.entries
     n = len(entries)
+    if batch is entries:  # (the batch promised again: :mod:`.decode_run`)
+        return n
     return n if batch[:n] == entries else 0
 
 

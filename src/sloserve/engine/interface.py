@@ -258,6 +258,19 @@ class Scheduler(ABC):
     then runs the prompt from its joining chunk to its final one at once
     (:mod:`~sloserve.engine.chunk_run`). Leave it False when unsure."""
 
+    repeats_decode_run: bool = False
+    """The policy's promise for a decision after a repeatable batch of one-token decodes
+    (a run of them, cut short or ended because one of them finished): when the running
+    requests are exactly that batch's requests minus those that finished or left (every
+    one a one-token decode), nothing waits, nothing is swapped out or still to be
+    admitted, and each of them fits whatever block it needs (as many free blocks as
+    running requests, and no more of them than C), the policy returns that batch again:
+    the same entries in the same order without the departed ones, repeatable, with no
+    reserve, no eviction and no swap-in. The instance then takes that answer without
+    calling :meth:`schedule` (:mod:`~sloserve.engine.decode_run`), so a policy that keeps
+    state across calls, or whose answer depends on anything else (the clock, a
+    predictor), must leave it False. Leave it False when unsure."""
+
     overlap_swap: bool = False
     """Whether KV transfers overlap the forward pass: the engine then charges an iteration
     ``max(batch_time, swap_time)`` instead of their sum (BROS §4.1: asynchronous swaps)."""

@@ -146,6 +146,19 @@ class UnifiedScheduler(Scheduler):
         # meets as the only filling request next (no other one fills: it would have taken
         # P first); later waiting requests find P used up, as before.
         self.repeats_joined_chunk = self.repeats_final_chunk and config.groups == "decode-first"
+        # A run of decodes repeats (Scheduler.repeats_decode_run): with nothing waiting or
+        # swapped out, every running request decoding, C and the free blocks covering one
+        # each, the shortcut at the top of schedule answers for all of them, in running
+        # order, with no side effect (the decode entries are cached already). The batch
+        # promised is the previous one minus the departed, in its order: every all-decode
+        # repeatable batch this policy returns holds every running request in running
+        # order (fcfs keeps the groups in arrival order; prefill-first puts the running
+        # group last, decode-first its decodes first, and a swap-in is no repeatable
+        # batch), and the running list only loses requests in between. Only schedule
+        # itself is proven: a subclass overriding it (QLM's agent) may keep state.
+        self.repeats_decode_run = (
+            self._all_decode_shortcut and type(self).schedule is UnifiedScheduler.schedule
+        )
 
     def _decode_batch(self, group: Sequence[Request]) -> tuple[ScheduledRequest, ...]:
         entries = self._decode_entries
