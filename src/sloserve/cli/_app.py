@@ -31,6 +31,7 @@ from sloserve.config import (
 )
 from sloserve.core.bounds import constraint_text
 from sloserve.core.errors import ConfigError, SloserveError
+from sloserve.experiments.gc_freeze import release_import
 
 app = typer.Typer(
     name="sloserve",
@@ -56,6 +57,10 @@ def _root(
 ) -> None:
     """SLO-aware LLM serving: simulate and compare scheduling policies on calibrated replicas."""
     from sloserve.cli.plugins import load_plugins
+
+    # The import's freeze ends where a command starts (cli/__init__.py: its garbage is
+    # the collector's again; a long-lived `serve` must not keep it for its life).
+    release_import()
 
     load_plugins(plugin or ())
 
