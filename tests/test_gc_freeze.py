@@ -142,7 +142,7 @@ def test_a_command_starts_with_the_imports_freeze_released(tmp_path: Path) -> No
 
 
 def test_release_import_unfreezes_only_what_freeze_import_froze() -> None:
-    from sloserve.experiments import gc_freeze
+    from sloserve.core import import_freeze as gc_freeze
 
     gc.unfreeze()
     gc.freeze()  # a caller's own freeze: not the import's, left alone

@@ -18,8 +18,8 @@ import gc
 # still freed by reference counting) rather than walked once more when it is back on.
 # Every command unfreezes it when it starts (cli/_app.py's root callback): the import also
 # leaves ~500 objects as garbage cycles, which the next full pass then frees (a simulation
-# freezes what is alive when its run starts; experiments/gc_freeze.py). Left alone when
-# the importing process has the collector off.
+# freezes what is alive when its run starts): core/import_freeze.py and
+# experiments/gc_freeze.py. Left alone when the importing process has the collector off.
 _collecting = gc.isenabled()
 gc.disable()
 try:
@@ -44,9 +44,10 @@ try:
 
     # isort: on
     from sloserve.cli._app import app, console, err_console, main, reproduce_app
-    from sloserve.experiments.gc_freeze import freeze_import
 finally:
     if _collecting:
+        from sloserve.core.import_freeze import freeze_import
+
         freeze_import()
         gc.enable()
 

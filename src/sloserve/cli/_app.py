@@ -31,7 +31,7 @@ from sloserve.config import (
 )
 from sloserve.core.bounds import constraint_text
 from sloserve.core.errors import ConfigError, SloserveError
-from sloserve.experiments.gc_freeze import release_import
+from sloserve.core.import_freeze import release_import
 
 app = typer.Typer(
     name="sloserve",

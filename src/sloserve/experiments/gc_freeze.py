@@ -16,11 +16,8 @@ Reference counting still frees what a paused block drops; only a dropped cycle w
 the next pass. Both change speed only, never a result (the collector decides when memory
 is returned, not what is computed).
 
-:func:`freeze_import` and :func:`release_import` bracket the command line's own import
-(``sloserve.cli``): what the import built is frozen until a command starts, then
-unfrozen, so that the few hundred objects the import left as garbage cycles are freed by
-the collector's next full pass instead of staying frozen for the process's life (a
-``sloserve serve`` never ends a simulation, which is what unfroze them before).
+The command line's own import freeze (what ``sloserve.cli``'s import built, frozen until
+a command starts) is ``core/import_freeze.py``.
 """
 
 from __future__ import annotations
@@ -31,36 +28,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
+from sloserve.core import import_freeze
+
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 _paused = 0
 """Open :func:`paused` blocks that turned the collector off (it was on when they began)."""
-
-_import_frozen = False
-"""Whether :func:`freeze_import` froze objects that :func:`release_import` has not yet
-unfrozen."""
-
-
-def freeze_import() -> None:
-    """Freeze every object alive now: for the end of an import that built tens of
-    thousands of long-lived objects with the collector off, so that they are not walked
-    again when it is back on. :func:`release_import` undoes it."""
-    global _import_frozen
-    gc.freeze()
-    _import_frozen = True
-
-
-def release_import() -> None:
-    """Unfreeze what :func:`freeze_import` froze (nothing if it did not, or if a run's
-    :func:`frozen` block has unfrozen it already). Called when a command starts: what the
-    import left as garbage is then the collector's again. The objects go to the oldest
-    generation, where they would be by now had the collector run all along; the move
-    itself walks nothing."""
-    global _import_frozen
-    if _import_frozen:
-        _import_frozen = False
-        gc.unfreeze()
 
 
 @contextmanager
@@ -70,7 +44,6 @@ def frozen() -> Iterator[None]:
     Nested or concurrent uses are harmless: the outermost exit unfreezes (what the inner
     ones froze is then collectable again, as it would be without this). Inside a
     :func:`paused` block the collector is on for this block (the run), off again after."""
-    global _import_frozen
     gc.freeze()  # first: switching the collector on must not start a pass over them
     resume = _paused > 0 and not gc.isenabled()
     if resume:
@@ -81,7 +54,7 @@ def frozen() -> Iterator[None]:
         if resume:
             gc.disable()
         gc.unfreeze()
-        _import_frozen = False  # unfrozen with the rest
+        import_freeze.forget()  # the CLI import's freeze went with the rest
 
 
 @contextmanager
