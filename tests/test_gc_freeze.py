@@ -142,7 +142,7 @@ def test_a_command_starts_with_the_imports_freeze_released(tmp_path: Path) -> No
 
 
 def test_release_import_unfreezes_only_what_freeze_import_froze() -> None:
-    from sloserve.core import import_freeze as gc_freeze
+    from sloserve.core import process_freeze as gc_freeze
 
     gc.unfreeze()
     gc.freeze()  # a caller's own freeze: not the import's, left alone
@@ -161,3 +161,30 @@ def test_release_import_unfreezes_only_what_freeze_import_froze() -> None:
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_the_cli_process_exits_without_walking_its_garbage(tmp_path: Path) -> None:
+    """``main`` registers the exit freeze (``core/process_freeze.py``): a garbage cycle
+    still there when the process ends is left to the operating system, not walked by the
+    shutdown's collections. An exit hook registered before ``main`` runs after the
+    freeze (hooks run last-registered first) and sees the cycle survive a collection."""
+    code = (
+        "import atexit, gc, sys, weakref\n"
+        "import sloserve.cli\n"
+        "class Node:\n"
+        "    pass\n"
+        "refs = []\n"
+        "def probe():\n"
+        "    gc.collect()\n"
+        "    print('survived', refs[0]() is not None, file=sys.stderr)\n"
+        "atexit.register(probe)\n"
+        "gc.disable()  # the cycle must wait for the exit: no pass during the command\n"
+        "n = Node()\n"
+        "n.me = n\n"
+        "refs.append(weakref.ref(n))\n"
+        "del n\n"
+        "sloserve.cli.main(['policies'])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "survived True" in res.stderr.splitlines()

@@ -74,7 +74,7 @@ def test_out_still_writes_the_report(tmp_path: Path) -> None:
 def test_importing_the_cli_imports_no_experiment_module() -> None:
     """Every command pays the CLI's import; the experiments package (its ``__init__``
     imports the runner, ≈ 60 ms) is imported by the commands that run something, when
-    they run (the import freeze's bookkeeping is in ``core/import_freeze.py`` for this)."""
+    they run (the import freeze's bookkeeping is in ``core/process_freeze.py`` for this)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     code = (
         "import sys, sloserve.cli\n"

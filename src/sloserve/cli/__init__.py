@@ -18,7 +18,7 @@ import gc
 # still freed by reference counting) rather than walked once more when it is back on.
 # Every command unfreezes it when it starts (cli/_app.py's root callback): the import also
 # leaves ~500 objects as garbage cycles, which the next full pass then frees (a simulation
-# freezes what is alive when its run starts): core/import_freeze.py and
+# freezes what is alive when its run starts): core/process_freeze.py and
 # experiments/gc_freeze.py. Left alone when the importing process has the collector off.
 _collecting = gc.isenabled()
 gc.disable()
@@ -46,7 +46,7 @@ try:
     from sloserve.cli._app import app, console, err_console, main, reproduce_app
 finally:
     if _collecting:
-        from sloserve.core.import_freeze import freeze_import
+        from sloserve.core.process_freeze import freeze_import
 
         freeze_import()
         gc.enable()

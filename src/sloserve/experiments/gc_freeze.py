@@ -17,7 +17,7 @@ the next pass. Both change speed only, never a result (the collector decides whe
 is returned, not what is computed).
 
 The command line's own import freeze (what ``sloserve.cli``'s import built, frozen until
-a command starts) is ``core/import_freeze.py``.
+a command starts) is ``core/process_freeze.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
-from sloserve.core import import_freeze
+from sloserve.core import process_freeze
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -54,7 +54,7 @@ def frozen() -> Iterator[None]:
         if resume:
             gc.disable()
         gc.unfreeze()
-        import_freeze.forget()  # the CLI import's freeze went with the rest
+        process_freeze.forget()  # the CLI import's freeze went with the rest
 
 
 @contextmanager
