@@ -7,6 +7,7 @@ import gc
 import subprocess
 import sys
 import weakref
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,74 @@ def test_importing_the_cli_keeps_the_collectors_setting(before: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.split()
     assert out == (["True", "True"] if before == "on" else ["False", "False"])
+
+
+def test_a_command_starts_with_the_imports_freeze_released(tmp_path: Path) -> None:
+    """The CLI's import freezes what it built, garbage cycles included (~500 objects);
+    every command unfreezes it when it starts, so that a long-lived one (``serve``) does
+    not keep that garbage for its life. A plugin (imported by the root callback, before
+    the command) sees nothing frozen, and the import's garbage collectable."""
+    plugin = tmp_path / "probe.py"
+    plugin.write_text(
+        "import gc, sys\n"
+        "print('frozen', gc.get_freeze_count(), 'freed', gc.collect(), file=sys.stderr)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "sloserve.cli", "--plugin", str(plugin), "policies"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    line = next(x for x in res.stderr.splitlines() if x.startswith("frozen "))
+    _, frozen_n, _, freed = line.split()
+    assert int(frozen_n) == 0
+    assert int(freed) > 0  # the import's garbage, frozen (uncollectable) before
+
+
+def test_release_import_unfreezes_only_what_freeze_import_froze() -> None:
+    from sloserve.core import process_freeze as gc_freeze
+
+    gc.unfreeze()
+    gc.freeze()  # a caller's own freeze: not the import's, left alone
+    try:
+        n = gc.get_freeze_count()
+        gc_freeze.release_import()
+        assert gc.get_freeze_count() == n
+        gc_freeze.freeze_import()
+        gc_freeze.release_import()
+        assert gc.get_freeze_count() == 0
+        gc_freeze.freeze_import()
+        with frozen():
+            pass  # a run's end unfreezes everything, the import's freeze included
+        gc.freeze()
+        gc_freeze.release_import()  # nothing of the import's left: the caller's stays
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+
+
+def test_the_cli_process_exits_without_walking_its_garbage(tmp_path: Path) -> None:
+    """``main`` registers the exit freeze (``core/process_freeze.py``): a garbage cycle
+    still there when the process ends is left to the operating system, not walked by the
+    shutdown's collections. An exit hook registered before ``main`` runs after the
+    freeze (hooks run last-registered first) and sees the cycle survive a collection."""
+    code = (
+        "import atexit, gc, sys, weakref\n"
+        "import sloserve.cli\n"
+        "class Node:\n"
+        "    pass\n"
+        "refs = []\n"
+        "def probe():\n"
+        "    gc.collect()\n"
+        "    print('survived', refs[0]() is not None, file=sys.stderr)\n"
+        "atexit.register(probe)\n"
+        "gc.disable()  # the cycle must wait for the exit: no pass during the command\n"
+        "n = Node()\n"
+        "n.me = n\n"
+        "refs.append(weakref.ref(n))\n"
+        "del n\n"
+        "sloserve.cli.main(['policies'])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "survived True" in res.stderr.splitlines()

@@ -89,3 +89,30 @@ def test_loading_twice_registers_once(tmp_path: Path) -> None:
     load_plugins([str(path), str(path)])
     load_plugins([str(path)])
     assert policy_names().count("plugin-twice") == 1
+
+
+def test_plugin_entry_points_are_the_groups_entry_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``plugin_entry_points`` skips parsing every package's entry points only when no
+    ``entry_points.txt`` mentions the group: with an installed package that declares one
+    (a dist-info directory on the path), it finds it as ``entry_points(group=...)`` does."""
+    from importlib.metadata import entry_points
+
+    from sloserve.cli.plugins import ENTRY_POINT_GROUP, plugin_entry_points
+
+    assert list(plugin_entry_points()) == list(entry_points(group=ENTRY_POINT_GROUP))
+    info = tmp_path / "sloserve_fake_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sloserve-fake-plugin\n")
+    (info / "entry_points.txt").write_text(
+        f"[console_scripts]\nfake = fake:main\n\n[{ENTRY_POINT_GROUP}]\nfake = fake_mod\n"
+    )
+    other = tmp_path / "other_pkg-2.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: other-pkg\n")
+    (other / "entry_points.txt").write_text("[console_scripts]\nother = other:main\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = list(plugin_entry_points())
+    assert [(e.name, e.value, e.group) for e in found] == [("fake", "fake_mod", ENTRY_POINT_GROUP)]
+    assert found == list(entry_points(group=ENTRY_POINT_GROUP))

@@ -69,3 +69,18 @@ def test_out_still_writes_the_report(tmp_path: Path) -> None:
     mods, _ = _imported(["simulate", "--trace", trace, "--out", str(tmp_path / "r")], tmp_path)
     assert "pandas" in mods
     assert (tmp_path / "r" / "requests.parquet").exists()
+
+
+def test_importing_the_cli_imports_no_experiment_module() -> None:
+    """Every command pays the CLI's import; the experiments package (its ``__init__``
+    imports the runner, ≈ 60 ms) is imported by the commands that run something, when
+    they run (the import freeze's bookkeeping is in ``core/process_freeze.py`` for this)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    code = (
+        "import sys, sloserve.cli\n"
+        "print(sorted(m for m in sys.modules if m.startswith('sloserve.experiments')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
+    assert out == "[]"

@@ -15,9 +15,11 @@ import gc
 # (modules, classes, pydantic schemas; numpy, typer). The cyclic collector's ~110 passes
 # while they are built free nothing and cost ≈ 15 ms of a ≈ 0.28 s start, so it is off
 # while they import, and what exists then is frozen (gc.freeze: left out of later passes,
-# still freed by reference counting) rather than walked once more when it is back on. A
-# simulation's end unfreezes everything (experiments/gc_freeze.py). Left alone when the
-# importing process has the collector off.
+# still freed by reference counting) rather than walked once more when it is back on.
+# Every command unfreezes it when it starts (cli/_app.py's root callback): the import also
+# leaves ~500 objects as garbage cycles, which the next full pass then frees (a simulation
+# freezes what is alive when its run starts): core/process_freeze.py and
+# experiments/gc_freeze.py. Left alone when the importing process has the collector off.
 _collecting = gc.isenabled()
 gc.disable()
 try:
@@ -44,7 +46,9 @@ try:
     from sloserve.cli._app import app, console, err_console, main, reproduce_app
 finally:
     if _collecting:
-        gc.freeze()
+        from sloserve.core.process_freeze import freeze_import
+
+        freeze_import()
         gc.enable()
 
 # Groups are listed in the order they are added: ``reproduce`` after workload and costmodel.

@@ -22,7 +22,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterable
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, distributions, entry_points
 from pathlib import Path
 
 from sloserve.core.errors import ConfigError
@@ -72,11 +72,24 @@ def load_plugin(spec: str) -> None:
     _loaded.add(spec)
 
 
+def plugin_entry_points() -> Iterable[EntryPoint]:
+    """The installed entry points of :data:`ENTRY_POINT_GROUP`: exactly
+    ``entry_points(group=ENTRY_POINT_GROUP)``, which parses every installed package's
+    entry points (≈ 2–4 ms on every command in an environment of ~130 packages), called
+    only when some package's ``entry_points.txt`` mentions the group at all (none
+    usually does); a package whose file does not cannot have one."""
+    for dist in distributions():
+        text = dist.read_text("entry_points.txt")
+        if text and ENTRY_POINT_GROUP in text:
+            return entry_points(group=ENTRY_POINT_GROUP)
+    return ()
+
+
 def load_plugins(extra: Iterable[str] = ()) -> list[str]:
     """Load the entry-point plugins, then ``$SLOSERVE_PLUGINS``, then ``extra``; returns
     what was named, in order."""
     named: list[str] = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in plugin_entry_points():
         key = f"entry point {ep.name!r}"
         if key in _loaded:
             continue

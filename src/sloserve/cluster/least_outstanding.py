@@ -11,6 +11,9 @@ is a difference of request counts) that test holds exactly for the lowest counts
 ties those, and leaves anything else to the pipeline. The same picks, rotation included
 (``tests/test_routing_one_scorer.py`` against the general path); per decision on four
 replicas ≈ 2.8 → 2.1 µs, on 128 ≈ 32 → 11–22 µs (snapshot views, this machine, loaded).
+Since the eighth round one pass over the candidates finds the lowest count, the highest
+and the tied candidates (no lists of candidates and counts first): on four snapshot
+replicas 1.8 → 0.7 µs a decision, the same picks.
 """
 
 from __future__ import annotations
@@ -31,13 +34,25 @@ def least_outstanding_pick(
     rotation ``picker``) picks for ``req``; None where the pipeline must decide (no
     replica up, or a weight so small that counts above the lowest would tie too)."""
     up = ReplicaStatus.UP
-    cand = [r for r in view.serving(req.model) if r.status is up]
-    if not cand:
+    # One pass: the lowest count, the highest, and the candidates at the lowest in order
+    # (when every count is equal, those are all of them, as the rotation needs).
+    tied: list[ReplicaView] = []
+    lo = hi = -1
+    for r in view.serving(req.model):
+        if r.status is up:
+            n = r.outstanding
+            if not tied:
+                lo = hi = n
+                tied = [r]
+            elif n == lo:
+                tied.append(r)
+            elif n < lo:
+                lo = n
+                tied = [r]
+            elif n > hi:
+                hi = n
+    if not tied:
         return None  # the pipeline holds it, with its reason
-    counts = [r.outstanding for r in cand]
-    lo, hi = min(counts), max(counts)
-    if lo == hi:
-        return picker.take(cand).replica_id
-    if w <= (hi - lo) * 1e-9:  # w / span not far above 1e-12
+    if lo != hi and w <= (hi - lo) * 1e-9:  # w / span not far above 1e-12
         return None
-    return picker.take([c for c, v in zip(cand, counts, strict=True) if v == lo]).replica_id
+    return picker.take(tied).replica_id

@@ -15,6 +15,9 @@ nothing); a :func:`frozen` block inside it has the collector on for the run itse
 Reference counting still frees what a paused block drops; only a dropped cycle waits for
 the next pass. Both change speed only, never a result (the collector decides when memory
 is returned, not what is computed).
+
+The command line's own import freeze (what ``sloserve.cli``'s import built, frozen until
+a command starts) is ``core/process_freeze.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
+
+from sloserve.core import process_freeze
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -49,6 +54,7 @@ def frozen() -> Iterator[None]:
         if resume:
             gc.disable()
         gc.unfreeze()
+        process_freeze.forget()  # the CLI import's freeze went with the rest
 
 
 @contextmanager

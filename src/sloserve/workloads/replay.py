@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from sloserve.core.bounds import MAX_SECONDS
+from sloserve.core.bounds import MAX_SECONDS, Priority, bound_text, first_violation
 from sloserve.core.errors import WorkloadError
 from sloserve.core.request import SLO, QoESpec, Request, RequestClass
 from sloserve.workloads.trace_table import TraceTable
@@ -173,11 +173,21 @@ def requests_from_rows(
     # Per-row values column by column first (none of these steps can fail); what can fail
     # (the specs' and the request's own checks) stays in the loop, in its order.
     rule_of = [rules[c] for c in classes]
+    # A priority that is no integer in range (±inf: int() would raise OverflowError) is
+    # the error of its own row: the loop stops there, so an earlier row's error (an SLO
+    # or QoE check) is still the one reported. Readers bound the column already; rows
+    # built otherwise may not be.
+    stop = n
     if prio is None:
         priority = [rule.priority for rule in rule_of]
     else:
+        arr = np.asarray(prio, dtype=np.float64)
+        wrong = first_violation(Priority, np.where(np.isnan(arr), 0.0, arr))
+        if wrong is not None:
+            stop = wrong
         priority = [
-            rule.priority if p != p else int(p) for rule, p in zip(rule_of, prio, strict=True)
+            rule.priority if p != p else int(p)
+            for rule, p in zip(rule_of[:stop], prio[:stop], strict=True)
         ]
     if per_row_slo:
         keys = [
@@ -192,7 +202,7 @@ def requests_from_rows(
     q_speed = [(s if q != q else q) or s for s, q in zip(speeds, qoe_speed, strict=True)]
     out: list[Request] = []
     append = out.append
-    for i in range(n):
+    for i in range(stop):
         key = keys[i]
         qa, qb = q_ttft[i], q_speed[i]
         try:
@@ -224,4 +234,9 @@ def requests_from_rows(
             )
         except ValueError as e:
             raise WorkloadError(f"{spec.trace}: request {i}: {e}") from e
+    if stop < n:
+        raise WorkloadError(
+            f"{spec.trace}: request {stop}: priority must be an integer "
+            f"{bound_text(Priority)} ({prio[stop] if prio is not None else None})"
+        )
     return out
