@@ -188,3 +188,42 @@ def test_the_cli_process_exits_without_walking_its_garbage(tmp_path: Path) -> No
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "survived True" in res.stderr.splitlines()
+
+
+def test_interleaved_blocks_leave_the_collector_on() -> None:
+    # A paused block ending while another thread's run (a frozen block) is still open:
+    # the run's end must not turn the collector off for good (the review's repro).
+    assert gc.isenabled()
+    a, b = paused(), frozen()
+    a.__enter__()
+    assert not gc.isenabled()
+    b.__enter__()
+    assert gc.isenabled()
+    a.__exit__(None, None, None)
+    assert gc.isenabled()
+    b.__exit__(None, None, None)
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_the_last_frozen_block_unfreezes() -> None:
+    a, b = frozen(), frozen()
+    a.__enter__()
+    b.__enter__()
+    a.__exit__(None, None, None)
+    assert gc.get_freeze_count() > 0  # the other run still has its objects frozen
+    b.__exit__(None, None, None)
+    assert gc.get_freeze_count() == 0
+
+
+def test_simulations_in_threads_leave_the_collector_on() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import sloserve
+
+    cfg = {"policy": "vllm", "workload": {"mix": "sharegpt", "num_requests": 40,
+           "arrival": {"kind": "poisson", "rate": 20.0}}}  # fmt: skip
+    assert gc.isenabled()
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda _i: sloserve.simulate(cfg).summary, range(12)))
+    assert len(done) == 12
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
@@ -33,45 +34,77 @@ from sloserve.core import process_freeze
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
+_lock = threading.Lock()
+"""Guards the two counts and the collector switches: runs may be built and run from
+several threads at once (``sloserve.simulate`` in a thread pool), and the collector's
+state is process-wide."""
+
 _paused = 0
-"""Open :func:`paused` blocks that turned the collector off (it was on when they began)."""
+"""Open :func:`paused` blocks that own the collector's switch (it was on when the first
+of them began)."""
+
+_frozen = 0
+"""Open :func:`frozen` blocks."""
+
+
+def _apply() -> None:
+    """Set the collector from the counts (under the lock): while paused blocks are open it
+    is on exactly when a frozen block (a run) is open too. Computed from the counts, not
+    remembered per block, so any interleaving of enters and exits ends with the collector
+    as it was before the first block."""
+    if _paused:
+        if _frozen:
+            gc.enable()
+        else:
+            gc.disable()
 
 
 @contextmanager
 def frozen() -> Iterator[None]:
     """Freeze the objects alive now out of the collector's passes until the block ends.
 
-    Nested or concurrent uses are harmless: the outermost exit unfreezes (what the inner
-    ones froze is then collectable again, as it would be without this). Inside a
-    :func:`paused` block the collector is on for this block (the run), off again after."""
-    gc.freeze()  # first: switching the collector on must not start a pass over them
-    resume = _paused > 0 and not gc.isenabled()
-    if resume:
-        gc.enable()
+    Nested or concurrent uses are harmless: the last block to end unfreezes (what the
+    others froze is then collectable again, as it would be without this). Inside a
+    :func:`paused` block the collector is on while a frozen block is open (the run), off
+    again after."""
+    global _frozen
+    with _lock:
+        gc.freeze()  # first: switching the collector on must not start a pass over them
+        _frozen += 1
+        _apply()
     try:
         yield
     finally:
-        if resume:
-            gc.disable()
-        gc.unfreeze()
-        process_freeze.forget()  # the CLI import's freeze went with the rest
+        with _lock:
+            _frozen -= 1
+            _apply()
+            if not _frozen:
+                gc.unfreeze()
+                process_freeze.forget()  # the CLI import's freeze went with the rest
 
 
 @contextmanager
 def paused() -> Iterator[None]:
-    """The cyclic collector off until the block ends (then on again, if it was on), except
-    inside a :func:`frozen` block within it."""
+    """The cyclic collector off until the block ends (then on again), except while a
+    :func:`frozen` block is open; a collector the caller had turned off stays off."""
     global _paused
-    if not gc.isenabled():  # off already (another paused block, or the caller's choice)
-        yield
-        return
-    gc.disable()
-    _paused += 1
+    with _lock:
+        # Joins the open blocks (the collector may be on: a run is open), or takes the
+        # switch when the collector is on; off by the caller's choice: left alone.
+        owns = _paused > 0 or gc.isenabled()
+        if owns:
+            _paused += 1
+            _apply()
     try:
         yield
     finally:
-        _paused -= 1
-        gc.enable()
+        if owns:
+            with _lock:
+                _paused -= 1
+                if _paused:
+                    _apply()
+                else:
+                    gc.enable()  # as it was when the first block began
 
 
 def paused_build(f: Callable[_P, _T]) -> Callable[_P, _T]:
