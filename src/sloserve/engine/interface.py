@@ -249,7 +249,8 @@ class Scheduler(ABC):
 
     repeats_joined_chunk: bool = False
     """A further promise (with :attr:`repeats_final_chunk`): when a batch admits exactly one
-    waiting request, new (nothing computed or generated), with a non-final chunk of ``n``
+    waiting request that has generated nothing (its computed tokens, if any, a prefix found
+    in the prefix cache), with a non-final chunk of ``n``
     tokens, and every other entry is a one-token decode of a running request (all of
     them), then while nothing arrives, waits, is swapped out or finishes and the decodes'
     growth fits (the prompt's rest kept free), the next batch is the same entries with
@@ -260,7 +261,8 @@ class Scheduler(ABC):
 
     repeats_decode_run: bool = False
     """The policy's promise for a decision after a repeatable batch of one-token decodes
-    (a run of them, cut short or ended because one of them finished): when the running
+    of running requests (a run of them or a single step, cut short or ended because one
+    of them finished): when the running
     requests are exactly that batch's requests minus those that finished or left (every
     one a one-token decode), nothing waits, nothing is swapped out or still to be
     admitted, and each of them fits whatever block it needs (as many free blocks as
@@ -269,7 +271,9 @@ class Scheduler(ABC):
     reserve, no eviction and no swap-in. The instance then takes that answer without
     calling :meth:`schedule` (:mod:`~sloserve.engine.decode_run`), so a policy that keeps
     state across calls, or whose answer depends on anything else (the clock, a
-    predictor), must leave it False. Leave it False when unsure."""
+    predictor), must leave it False. Leave it False when unsure. Unlike the fast path it
+    holds with ``multi_step=False`` too (it changes no result); set it False on the
+    instance to have the policy asked at every decision (timing the policy itself)."""
 
     overlap_swap: bool = False
     """Whether KV transfers overlap the forward pass: the engine then charges an iteration

@@ -71,6 +71,9 @@ def measure_overhead(
     env = Environment()
     inst = build_instance(cfg, env)
     sched = inst.scheduler
+    # One schedule() per iteration is what is timed: no decision taken on the policy's
+    # promise without the call (engine/decode_run.py; the chunk runs need multi_step).
+    sched.repeats_decode_run = False
     inner = sched.schedule
     spent: list[float] = []
 

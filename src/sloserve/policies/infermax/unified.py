@@ -140,12 +140,12 @@ class UnifiedScheduler(Scheduler):
         # so no candidate meets a shortage (no eviction, no break); R_max and the watermark
         # bind only joining requests. Only the decode-entry cache differs, which no
         # decision reads. Not proven for one ranked group or predictor-reading variants.
-        self.repeats_final_chunk = self._all_decode_shortcut and config.chunked_prefill
+        final = self._all_decode_shortcut and config.chunked_prefill
         # The joining chunk repeats (Scheduler.repeats_joined_chunk) with decode priority:
         # the decodes come first, so the prompt met the same room when it joined as it
         # meets as the only filling request next (no other one fills: it would have taken
         # P first); later waiting requests find P used up, as before.
-        self.repeats_joined_chunk = self.repeats_final_chunk and config.groups == "decode-first"
+        joined = final and config.groups == "decode-first"
         # A run of decodes repeats (Scheduler.repeats_decode_run): with nothing waiting or
         # swapped out, every running request decoding, C and the free blocks covering one
         # each, the shortcut at the top of schedule answers for all of them, in running
@@ -154,11 +154,14 @@ class UnifiedScheduler(Scheduler):
         # repeatable batch this policy returns holds every running request in running
         # order (fcfs keeps the groups in arrival order; prefill-first puts the running
         # group last, decode-first its decodes first, and a swap-in is no repeatable
-        # batch), and the running list only loses requests in between. Only schedule
-        # itself is proven: a subclass overriding it (QLM's agent) may keep state.
-        self.repeats_decode_run = (
-            self._all_decode_shortcut and type(self).schedule is UnifiedScheduler.schedule
-        )
+        # batch), and the running list only loses requests in between.
+        # All three rest on this class's own schedule, _groups, _key and _decode_batch: a
+        # subclass may change any of them (QLM's agent keeps state), so only this class
+        # sets them; a subclass's own class attributes decide (Scheduler's: False).
+        if type(self) is UnifiedScheduler:
+            self.repeats_final_chunk = final
+            self.repeats_joined_chunk = joined
+            self.repeats_decode_run = self._all_decode_shortcut
 
     def _decode_batch(self, group: Sequence[Request]) -> tuple[ScheduledRequest, ...]:
         entries = self._decode_entries
