@@ -239,3 +239,68 @@ def test_a_cached_prompt_priced_from_token_zero_is_caught(monkeypatch: pytest.Mo
     monkeypatch.setattr(chunk_run, "_final_end", from_zero)
     bad = _simulate(_SETUP, _SPEC)
     assert bad["iter_end"] != off["iter_end"]
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        {"replicas": [{"count": 3}], "router": "prefix-affinity"},  # peeks every replica
+        {"replicas": [{"count": 3}], "router": "round-robin"},
+        {
+            "replicas": [{"count": 3}],
+            "router": "prefix-load",
+            "router_params": {"kv_weight": 1.0},  # reads progress: every event stops runs
+        },
+        {
+            "replicas": [{"count": 3}],
+            "router": "prefix-affinity",
+            "failures": [{"replica": 1, "at_s": 6.0, "recover_s": 9.0}],
+        },
+    ],
+)
+def test_cluster_runs_with_prefix_caching_are_the_same_with_chunk_runs(
+    cluster: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+    import pandas as pd
+
+    import sloserve
+
+    cfg = {
+        "workload": {
+            "mix": "sharegpt",
+            "duration_s": 20,
+            "arrival": {"kind": "poisson", "rate": 4.0},
+            "prefix": {"system_prompt_tokens": 1500, "tenants": 4},
+            "sessions": {"turns": {"mean": 4}, "think_time_s": 2},
+        },
+        "policy": "sarathi",
+        "instance": {
+            "max_running": 24,
+            "chunk_size": 256,
+            "kv_capacity_tokens": 12_000,
+            "cpu_cache_gib": 0.5,
+        },
+        "cluster": cluster,
+    }
+    starts = [0]
+    real = chunk_run.start_final
+
+    def counted(inst: Instance, pending: Any) -> None:
+        starts[0] += 1
+        real(inst, pending)
+
+    monkeypatch.setattr(chunk_run, "start_final", counted)
+    on = sloserve.simulate(cfg)
+    assert starts[0] > 0
+    assert on.summary["prefix_hit_rate"] > 0.2 and on.summary["prefix_hit_tokens_cpu"] > 0
+    monkeypatch.setattr(chunk_run, "eligible", lambda inst: False)
+    off = sloserve.simulate(cfg)
+    pd.testing.assert_frame_equal(on.table, off.table)
+    pd.testing.assert_frame_equal(on.trace, off.trace)
+    for i, ends in off.iter_ends.items():
+        np.testing.assert_array_equal(on.iter_ends[i], ends)
+    drop = {"wall_seconds"}
+    assert {k: v for k, v in on.summary.items() if k not in drop} == {
+        k: v for k, v in off.summary.items() if k not in drop
+    }
