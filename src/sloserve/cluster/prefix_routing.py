@@ -13,9 +13,11 @@ registered under their names when the cluster package loads:
 
 The prefix index and request counts are all these routers read: they let replicas
 fast-forward past other replicas' events (``Router.reads_progress`` False; a ``kv_weight``
-above 0 reads KV usage and turns it on). A replica in a fast-forwarded prefill run has
-already registered the units of the run's chunks (allocated at the run's start, as vLLM
-caches a block when it allocates it): the exact scorer sees them a few iterations early.
+above 0 reads KV usage and turns it on). A replica in a fast-forwarded prefill run
+registers the units of the run's chunks when the run ends (as a single step registers its
+chunk's when it ends, ``engine/prefix_cache.py``): mid-run the exact scorer sees the
+units registered before the run, a few iterations late (a chunk run,
+``engine/chunk_run.py``, registers at each of its phases' ends, as the steps it replaces).
 - ``session-affinity``: sticky by session: a request goes where its session's previous
   request went while that replica accepts requests, else (and for a session's first
   request) to the replica holding the fewest requests. A request's session is its

@@ -24,10 +24,24 @@ Identical to what the engine did before, including the event heap and the trace:
   (:attr:`Instance.next_event`) is not before the final iteration's end (nothing reads
   the replica in between, except an arrival that cuts the run, below), and the decodes'
   growth for all the iterations fits in the free blocks once the prompt's rest is kept
-  (the policy's reserve). Only on the plain paged manager (prefix caching registers
-  computed prompt units as iterations retire; BROS's blocks move themselves), the
-  cost-model executor, and not on a prefill replica that hands requests off. A refill,
-  or a prompt with cached tokens, steps as before.
+  (the policy's reserve). Only on the plain paged manager and the prefix-caching one
+  (below; BROS's blocks move themselves), the cost-model executor, and not on a prefill
+  replica that hands requests off. A refill steps as before (its final chunk may be a
+  one-token decode); a prompt that found cached tokens chains from where they end.
+* **Prefix caching** (:class:`~sloserve.engine.prefix_cache.PrefixCachingKVManager`).
+  What a skipped decision did on that manager, besides the KV growth: the retire before
+  it registered the prompt units its iterations completed (:meth:`retired`), then the
+  decision retried queued lookups (:func:`~sloserve.engine.prefix_cache.refresh_queued`:
+  nothing, since nothing arrived, waits or ended — an arrival or an abort drops the
+  chain, no decode finishes), released nothing (:func:`~sloserve.engine.prefix_cache.
+  unblock`: the batch is not empty) and priced no CPU-tier copy (the prompt's was taken
+  by its joining chunk's allocation). So :func:`advance` registers, at the event that
+  ends the iterations before each phase, what those iterations computed
+  (:func:`_register_ended`, the counters not yet delivered: the very ``_register`` calls
+  of the retires), then allocates as the decision did; the evictions an allocation
+  makes are the same whole units in the same LRU order (a split of the same growth
+  evicts the same count: each call evicts the fewest units its shortfall needs). A
+  router's peek at any instant therefore sees the cache the single steps left there.
 * **Phases at the old decisions' instants.** What was one decision's work is done at
   its instant, by the event that ended the iterations before it (the same time, priority
   and sequence number: the heap is unchanged): :func:`start_middle` at the joining
@@ -66,6 +80,7 @@ from sloserve.engine.env import PRIO_ITERATION
 from sloserve.engine.executor import CostModelExecutor, price
 from sloserve.engine.interface import ScheduledRequest, SchedulerOutput
 from sloserve.engine.kv import KVCacheManager, PagedKVManager
+from sloserve.engine.prefix_cache import PrefixCachingKVManager
 
 if TYPE_CHECKING:
     from sloserve.engine.fastpath import Run
@@ -108,16 +123,21 @@ class FinalChunk:
         self.phase = phase
 
 
+_MANAGERS = (PagedKVManager, PrefixCachingKVManager)
+"""The KV managers chunk runs are exact on (module docstring), by exact type."""
+
+
 def eligible(inst: Instance) -> bool:
     """Whether the instance may run a final chunk inside a fast run at all (module
-    docstring: nothing else can join, the paged manager, the cost model, no hand-off)."""
+    docstring: nothing else can join, the paged or prefix-caching manager, the cost model,
+    no hand-off)."""
     return (
         inst.scheduler.repeats_final_chunk
         and not inst.waiting
         and not inst.swapped
         and not inst.incoming
         and inst.hand_off is None
-        and type(inst.kv) is PagedKVManager
+        and type(inst.kv) in _MANAGERS
         and inst.executor.__class__ is CostModelExecutor
     )
 
@@ -235,9 +255,10 @@ def chain_join(inst: Instance, out: SchedulerOutput, pending: _Pending, split: S
     if len(others) != 1:
         return  # more than one prompt
     r, n = others[0]
-    prompt = r.num_prompt_tokens
-    if not 1 <= n < prompt or r.num_output_tokens or r.num_computed_tokens:
-        return  # its only chunk, or a refill, or a prompt found cached
+    cached = r.num_computed_tokens  # (a prefix found in the cache: its chunks start there)
+    prompt = r.num_prompt_tokens - cached  # what it computes
+    if not 1 <= n < prompt or r.num_output_tokens:
+        return  # its only chunk, or a refill
     batch = out.batch
     if len(batch) != len(inst.running) or out.preempt or not eligible(inst):
         return  # not every running request in it, or something else could join later
@@ -257,12 +278,12 @@ def chain_join(inst: Instance, out: SchedulerOutput, pending: _Pending, split: S
         return
     # The middle chunks' batch as the fast path would see it after the join retired.
     nd = len(decode_ids)
-    stats = batch_stats(n, 1, n * (n + n), nd, ctx + nd)
+    stats = batch_stats(n, 1, n * (n + cached + n), nd, ctx + nd)
     start = pending.ends[0]
     mid_ends: list[float] = []
     if m:
         mid_ends = _price_middle(inst, stats, start, m, n * n)[1]
-    end = _final_end(inst, mid_ends[-1] if m else start, rest, n + m * n, stats, m)
+    end = _final_end(inst, mid_ends[-1] if m else start, rest, cached + n + m * n, stats, m)
     if end is None or end > inst.next_event():
         return
     pending.final = FinalChunk(
@@ -275,10 +296,39 @@ def advance(inst: Instance, pending: _Pending) -> None:
     chunks after the joining one, or the final chunk)."""
     final = pending.final
     assert final is not None
+    kv = inst.kv
+    if kv.registering:  # prefix caching: the retire before the skipped decision registered
+        assert isinstance(kv, PrefixCachingKVManager)
+        if inst.debug_checks:
+            _check_skipped(inst, kv)
+        _register_ended(kv, pending.batch, len(pending.ends))
     if final.phase == JOIN and final.mid_ends is not None:
         start_middle(inst, pending)
     else:
         start_final(inst, pending)
+
+
+def _register_ended(kv: PrefixCachingKVManager, batch: Sequence[ScheduledRequest], k: int) -> None:
+    """The first ``k`` iterations of ``batch`` ended now, its counters still at their start
+    (delivered when the chain ends): register the prompt units they completed, as
+    :meth:`PrefixCachingKVManager.retired` did when the retire had delivered them (each
+    entry computed ``n`` tokens an iteration: a decode one, the prompt its chunk)."""
+    open_ = kv._open
+    for r, n in batch:
+        at = open_.get(r.req_id)
+        if at is not None:
+            done = r.num_computed_tokens + k * n
+            if done >= at:  # a unit is complete
+                kv._register(r.req_id, done)
+
+
+def _check_skipped(inst: Instance, kv: PrefixCachingKVManager) -> None:
+    """What the skipped decision's prefix-cache hooks would have done is nothing (module
+    docstring): no lookup queued, no end since the last retry, no CPU copy to price."""
+    if kv.arrived or len(inst.done) != kv._ended_seen or kv._transfer or kv._copying:
+        raise inst._violation(
+            "chunk run", "a skipped decision would have looked up, retried or priced a copy"
+        )
 
 
 def start_middle(inst: Instance, pending: _Pending) -> None:
