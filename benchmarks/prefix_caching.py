@@ -168,6 +168,9 @@ def main() -> None:
         import os
 
         print(json.dumps({"loadavg": os.getloadavg()}))
+        # Untimed: the first run in a process pays imports and caches (≈ 0.8 s of CPU),
+        # which would charge whichever setting runs first (with --repeat 1, the ratio).
+        run_one(("warm-up", "round-robin", True, 0.0, a.replicas))
         for router in ("round-robin", "prefix-affinity"):
             runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
             for _ in range(a.repeat):

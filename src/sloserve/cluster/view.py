@@ -125,7 +125,12 @@ class ReplicaView(Protocol):
 
     def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
         """Tokens of ``req``'s prompt prefix in the replica's prefix cache now (None:
-        unknown, as for an upstream engine; prefix routers then use their own index)."""
+        unknown, as for an upstream engine; prefix routers then use their own index).
+
+        A replica answers None always or never: the prefix routers record their own index
+        of a replica only while it answers None (``cluster/prefix_routing.py``), so an
+        answer that lapses to None would find that index missing what it routed there
+        while it answered."""
         ...
 
 
@@ -169,6 +174,8 @@ class ClusterView:
     ) -> None:
         self._by_model: dict[str, list[ReplicaView]] = {}
         self._by_id: dict[int, ReplicaView] = {}
+        self._every: tuple[ReplicaView, ...] | None = None
+        """Every replica, for a request that names no model when none serves "default"."""
         for r in sorted(replicas, key=lambda v: v.replica_id):
             if r.replica_id in self._by_id:
                 raise ValueError(f"replica id {r.replica_id} appears twice in the view")
@@ -186,7 +193,12 @@ class ClusterView:
         found = self._by_model.get(model)
         if found is not None:
             return found
-        return list(self._by_id.values()) if model == "default" else ()
+        if model != "default":
+            return ()
+        every = self._every
+        if every is None:  # (once, not a new list per arrival; reset when one joins)
+            every = self._every = tuple(self._by_id.values())
+        return every
 
     def replicas(self) -> list[ReplicaView]:
         """Every replica, by id."""
@@ -198,6 +210,7 @@ class ClusterView:
             raise ValueError(f"replica id {r.replica_id} appears twice in the view")
         self._by_id[r.replica_id] = r
         self._by_model.setdefault(r.model, []).append(r)
+        self._every = None
 
     def moved(self, replica_id: int, old_model: str) -> None:
         """Replica ``replica_id`` now serves another model (it was serving ``old_model``)."""
