@@ -35,7 +35,7 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import CostModel, batch_stats
-from sloserve.engine import chunk_run, decode_run, prefix_cache, teardown
+from sloserve.engine import chunk_run, decode_run, prefix_cache, teardown, thrash
 from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
 from sloserve.engine.checks import check_batch, check_evictions
@@ -149,6 +149,8 @@ class Instance:
         self._cont: Continuation | None = None
         """Running decodes checked at the last decision, for the next (:mod:`.continuation`)."""
         self._abort_after: list[Request] = []
+        # Preemptions since a request last left, len(done) then, since when (:mod:`.thrash`)
+        self._thrash, self._thrash_done, self._thrash_since = 0, 0, 0.0
         """Requests whose abort waits for the in-flight iteration that contains them."""
         self.incoming: list[Request] = []
         """Prefilled requests (:meth:`add_prefilled`) waiting for KV room, by arrival."""
@@ -373,6 +375,8 @@ class Instance:
         kv = self.kv
         swap_tokens = 0
         requeued: list[Request] = []
+        if out.preempt:
+            thrash.preempted(self, len(out.preempt))  # a livelock: an error, not a hang
         for r, mode in out.preempt:
             self.running.remove(r)
             self.num_preemptions += 1
