@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import ConstantCostModel, CostModel
 from sloserve.costmodel.linear import LinearCoefficients, LinearCostModel
-from sloserve.engine.env import PRIO_ARRIVAL, Environment
+from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits, Scheduler
 from sloserve.metrics.summary import token_times
@@ -80,3 +81,55 @@ def small_linear_cost() -> LinearCostModel:
         kv_bytes_per_token=1000,
         swap_bytes_per_s=1e9,
     )
+
+
+def count_schedule_calls(sched: Scheduler) -> list[int]:
+    """Wrap ``sched.schedule`` to count its calls; the one-element list holds the count."""
+    calls = [0]
+    schedule = sched.schedule
+
+    def counted(view: Any) -> Any:
+        calls[0] += 1
+        return schedule(view)
+
+    sched.schedule = counted  # type: ignore[method-assign]
+    return calls
+
+
+def drive(
+    inst: Instance,
+    reqs: Sequence[Request],
+    *,
+    cut: bool,
+    horizon: float | None,
+    probe: Callable[[], None] | None = None,
+    probes: Sequence[float] = (),
+    aborts: Sequence[tuple[float, int]] = (),
+) -> None:
+    """Run ``reqs`` on ``inst`` as the runner or a cluster does: each arrives at its time
+    (``cut``: as in a cluster, only control events stop fast runs and an arrival cuts the
+    run in flight), ``probe()`` is called at each of ``probes`` (what a router reads
+    mid-run), ``reqs[i % len(reqs)]`` is aborted at each ``(t, i)`` of ``aborts``, and the
+    run ends at ``horizon`` (the rest aborted, as the runner does) or when nothing is left."""
+    env = inst.env
+    if cut:
+        inst.next_event = env.peek_control
+
+    def arrive(r: Request) -> None:
+        if cut:
+            inst.interrupt()
+        inst.add_request(r)
+
+    for r in reqs:
+        env.schedule(r.arrival, functools.partial(arrive, r), PRIO_ARRIVAL)
+    if probe is not None:
+        for t in probes:
+            env.schedule(t, probe, PRIO_ARRIVAL)
+    for t, i in aborts:
+        env.schedule(t, functools.partial(inst.abort, reqs[i % len(reqs)]), PRIO_ARRIVAL)
+    if horizon is None:
+        env.run()
+    else:
+        env.schedule(horizon, lambda: None, PRIO_CONTROL)
+        env.run(until=horizon)
+        inst.abort_all()

@@ -14,11 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import make_instance, req, small_linear_cost, times
-from sloserve.core.request import Request
+from helpers import count_schedule_calls, drive, make_instance, req, small_linear_cost, times
 from sloserve.costmodel.base import ConstantCostModel
 from sloserve.engine import chunk_run, fastpath
-from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL
 from sloserve.engine.instance import Instance
 
 
@@ -57,45 +55,23 @@ def _simulate(
         inst.scheduler.repeats_final_chunk = False
     if not join:
         inst.scheduler.repeats_joined_chunk = False
-    decisions = [0]
-    schedule = inst.scheduler.schedule
-
-    def counted(view: Any) -> Any:
-        decisions[0] += 1
-        return schedule(view)
-
-    inst.scheduler.schedule = counted  # type: ignore[method-assign]
+    decisions = count_schedule_calls(inst.scheduler)
     env = inst.env
-    cut = setup["cut"]
-    if cut:  # a cluster's fast path: only control events stop runs, arrivals cut them
-        inst.next_event = env.peek_control
     reqs = [req(i, a, p, o) for i, (a, p, o) in enumerate(sorted(spec))]
-
-    def arrive(r: Request) -> None:
-        if cut:
-            inst.interrupt()
-        inst.add_request(r)
-
-    for r in reqs:
-        env.schedule(r.arrival, lambda r=r: arrive(r), PRIO_ARRIVAL)
     seen: list[tuple[float, int, float, int]] = []
-    for t in probes:  # what a router reads mid-run
-        env.schedule(
-            t,
-            lambda: seen.append(
-                (env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live)
-            ),
-            PRIO_ARRIVAL,
-        )
-    for t, i in aborts:
-        env.schedule(t, lambda i=i: inst.abort(reqs[i % len(reqs)]), PRIO_ARRIVAL)
-    horizon = setup["horizon"]
-    if horizon is None:
-        env.run()
-    else:
-        env.schedule(horizon, lambda: None, PRIO_CONTROL)  # as the runner does
-        env.run(until=horizon)
-        inst.abort_all()
+
+    def probe() -> None:  # what a router reads mid-run
+        seen.append((env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live))
+
+    drive(
+        inst,
+        reqs,
+        cut=setup["cut"],
+        horizon=setup["horizon"],
+        probe=probe,
+        probes=probes,
+        aborts=aborts,
+    )
     return {
         "requests": [
             (

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import make_instance, req, small_linear_cost, times
+from helpers import count_schedule_calls, drive, make_instance, req, small_linear_cost, times
 from sloserve.core.errors import SchedulerViolation
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import ConstantCostModel
 from sloserve.engine import decode_run, fastpath
-from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL
+from sloserve.engine.env import PRIO_ARRIVAL
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import InstanceView, SchedulerOutput
 from sloserve.policies.infermax.unified import UnifiedConfig, UnifiedScheduler
@@ -57,47 +57,25 @@ def _simulate(
     assert inst.scheduler.repeats_decode_run
     if not promise:
         inst.scheduler.repeats_decode_run = False
-    calls = [0]
-    schedule = inst.scheduler.schedule
-
-    def counted(view: Any) -> Any:
-        calls[0] += 1
-        return schedule(view)
-
-    inst.scheduler.schedule = counted  # type: ignore[method-assign]
+    calls = count_schedule_calls(inst.scheduler)
     env = inst.env
-    cut = setup["cut"]
-    if cut:  # a cluster's fast path: only control events stop runs, arrivals cut them
-        inst.next_event = env.peek_control
     reqs = [req(i, a, p, o) for i, (a, p, o) in enumerate(sorted(spec))]
     done_at: dict[int, float] = {}
     inst.on_done = lambda r: done_at.setdefault(r.req_id, env.now)
-
-    def arrive(r: Request) -> None:
-        if cut:
-            inst.interrupt()
-        inst.add_request(r)
-
-    for r in reqs:
-        env.schedule(r.arrival, lambda r=r: arrive(r), PRIO_ARRIVAL)
     seen: list[tuple[float, int, float, int]] = []
-    for t in probes:  # what a router reads mid-run
-        env.schedule(
-            t,
-            lambda: seen.append(
-                (env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live)
-            ),
-            PRIO_ARRIVAL,
-        )
-    for t, i in aborts:
-        env.schedule(t, lambda i=i: inst.abort(reqs[i % len(reqs)]), PRIO_ARRIVAL)
-    horizon = setup["horizon"]
-    if horizon is None:
-        env.run()
-    else:
-        env.schedule(horizon, lambda: None, PRIO_CONTROL)  # as the runner does
-        env.run(until=horizon)
-        inst.abort_all()
+
+    def probe() -> None:  # what a router reads mid-run
+        seen.append((env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live))
+
+    drive(
+        inst,
+        reqs,
+        cut=setup["cut"],
+        horizon=setup["horizon"],
+        probe=probe,
+        probes=probes,
+        aborts=aborts,
+    )
     for r in reqs:  # a finished request left at its own instant, its last token's end
         if r.status is RequestStatus.FINISHED:
             assert done_at[r.req_id] == r.finish_time == inst.iter_end[r.token_runs[-1]]

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import small_linear_cost
+from helpers import count_schedule_calls, drive, small_linear_cost
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import ConstantCostModel
 from sloserve.engine import chunk_run
-from sloserve.engine.env import PRIO_ARRIVAL, PRIO_CONTROL, Environment
+from sloserve.engine.env import Environment
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.engine.prefix_cache import PrefixCachingKVManager
@@ -57,46 +57,26 @@ def _simulate(
     inst = Instance(
         env, sched, cost, limits, make_predictor("oracle"), kv=kv, check_invariants=True
     )
-    decisions = [0]
-    schedule = sched.schedule
-
-    def counted(view: Any) -> Any:
-        decisions[0] += 1
-        return schedule(view)
-
-    sched.schedule = counted  # type: ignore[method-assign]
-    cut = setup["cut"]
-    if cut:  # a cluster's fast path: only control events stop runs, arrivals cut them
-        inst.next_event = env.peek_control
+    decisions = count_schedule_calls(sched)
     reqs = [
         Request(i, a, p, o, hash_ids=_ids(i, p, fam, shared))
         for i, (a, p, o, fam, shared) in enumerate(sorted(spec))
     ]
-
-    def arrive(r: Request) -> None:
-        if cut:
-            inst.interrupt()
-        inst.add_request(r)
-
-    for r in reqs:
-        env.schedule(r.arrival, lambda r=r: arrive(r), PRIO_ARRIVAL)
     seen: list[tuple[float, list[int], int]] = []
 
     def probe() -> None:  # what an exact prefix scorer reads mid-run
         peeks = [kv.peek_prefix(r.hash_ids or (), r.num_prompt_tokens) for r in reqs]
         seen.append((env.now, peeks, kv.registered))
 
-    for t in probes:
-        env.schedule(t, probe, PRIO_ARRIVAL)
-    for t, i in aborts:
-        env.schedule(t, lambda i=i: inst.abort(reqs[i % len(reqs)]), PRIO_ARRIVAL)
-    horizon = setup["horizon"]
-    if horizon is None:
-        env.run()
-    else:
-        env.schedule(horizon, lambda: None, PRIO_CONTROL)
-        env.run(until=horizon)
-        inst.abort_all()
+    drive(
+        inst,
+        reqs,
+        cut=setup["cut"],
+        horizon=setup["horizon"],
+        probe=probe,
+        probes=probes,
+        aborts=aborts,
+    )
     return {
         "requests": [
             (
