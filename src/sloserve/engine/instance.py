@@ -315,13 +315,15 @@ class Instance:
         if cut <= 0:
             return
         kv = self.kv
+        batch: Sequence[ScheduledRequest] = pending.batch
+        dec = pending.dec
+        if dec is not None:  # the leading checked decodes: their ids, one pass, batch order
+            kv.shrink_many(dec.ids, cut)
+            batch = () if pending.decodes else batch[len(dec.entries) :]
         shrink = kv.shrink
-        if pending.decodes and pending.dec is not None:  # all one-token decodes: their ids
-            kv.shrink_many(pending.dec.ids, cut)
-        else:
-            for r, n in pending.batch:  # not retired yet: the counters are the run's start
-                decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
-                shrink(r.req_id, cut if decode else cut * n)
+        for r, n in batch:  # not retired yet: the counters are the run's start
+            decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+            shrink(r.req_id, cut if decode else cut * n)
         start = self.trace.time[-1]
         self.busy_time = pending.busy_before + (ends[keep - 1] - start)
         self.trace.steps[-1] = keep - pending.row_start
