@@ -328,19 +328,10 @@ class Instance:
         self.busy_time = pending.busy_before + (ends[keep - 1] - start)
         self.trace.steps[-1] = keep - pending.row_start
         self.trace.duration[-1] = ends[keep - 1] - start
+        del ends[keep:]  # (the run owns its list: cut in place, as chunk_run extends it)
         self.env.cancel(pending.event)
-        short = _Pending(
-            pending.batch,
-            ends[:keep],
-            True,
-            busy_before=pending.busy_before,
-            decodes=pending.decodes,
-            dec=pending.dec,
-            row_start=pending.row_start,
-        )
-        self._pending = short
-        short.event = self.env.schedule(
-            short.ends[-1], functools.partial(self._complete, short), PRIO_ITERATION
+        pending.event = self.env.schedule(
+            ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION
         )
 
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
