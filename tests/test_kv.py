@@ -131,6 +131,32 @@ def test_shrink_many_is_shrink_in_order() -> None:
             a.check_invariants()
 
 
+def test_shrink_undoes_a_growth_exactly() -> None:
+    """Growing then shrinking (in reverse order) by at most a block's tokens gives back
+    the very blocks, to the free list's very places (a block or none each: the common
+    cut, which gives its block back without a slice)."""
+    import random
+
+    rng = random.Random(7)
+    for bs in (1, 4, 16):
+        for n in sorted({1, max(1, bs - 1), bs}):
+            for many in (True, False):
+                kv = PagedKVManager(4000, bs)
+                ids = list(range(10))
+                for r in ids:
+                    kv.allocate(r, rng.randint(1, 60))
+                before = (list(kv._free), {r: list(t) for r, t in kv._tables.items()})
+                tokens = dict(kv._tokens)
+                assert kv.grow_many(ids, n)
+                if many:
+                    kv.shrink_many(ids[::-1], n)
+                else:
+                    for r in ids[::-1]:
+                        kv.shrink(r, n)
+                assert (kv._free, kv._tables, kv._tokens) == (*before, tokens), (bs, n, many)
+                kv.check_invariants()
+
+
 def test_shrink_many_calls_a_subclass_shrink() -> None:
     seen: list[tuple[int, int]] = []
 

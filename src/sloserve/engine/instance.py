@@ -12,6 +12,7 @@ Beside this file: :mod:`~sloserve.engine.checks` validates each policy output fi
 step (as stepping would; ``multi_step=False`` turns it off),
 :mod:`~sloserve.engine.prefix_cache` reuses cached prefixes,
 :mod:`~sloserve.engine.filling` keeps the running requests that may still be filling,
+:mod:`~sloserve.engine.retire` delivers an iteration's tokens and finishes when it ends,
 :mod:`~sloserve.engine.continuation` carries the running decodes checked at one decision to
 the next (a batch starting with them is checked after them only), and
 :mod:`~sloserve.engine.teardown` lets requests leave before they finish (abort, horizon,
@@ -35,19 +36,13 @@ from sloserve.core.errors import SchedulerViolation, StallError
 from sloserve.core.predictor import OutputLengthPredictor
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import CostModel, batch_stats
-from sloserve.engine import chunk_run, decode_run, prefix_cache, teardown, thrash
+from sloserve.engine import chunk_run, decode_run, prefix_cache, retire, teardown, thrash
 from sloserve.engine import continuation as conts
 from sloserve.engine import filling as fills
 from sloserve.engine.checks import check_batch, check_evictions
 from sloserve.engine.continuation import Continuation
 from sloserve.engine.env import PRIO_ITERATION, Environment
-from sloserve.engine.executor import (
-    CostModelExecutor,
-    ExecBatch,
-    Executor,
-    eos_finished,
-    price,
-)
+from sloserve.engine.executor import CostModelExecutor, ExecBatch, Executor, price
 from sloserve.engine.fastpath import apply_run, plan_run
 from sloserve.engine.interface import (
     InstanceView,
@@ -322,30 +317,23 @@ class Instance:
         if cut <= 0:
             return
         kv = self.kv
+        batch: Sequence[ScheduledRequest] = pending.batch
+        dec = pending.dec
+        if dec is not None:  # the leading checked decodes: their ids, one pass, batch order
+            kv.shrink_many(dec.ids, cut)
+            batch = () if pending.decodes else batch[len(dec.entries) :]
         shrink = kv.shrink
-        if pending.decodes and pending.dec is not None:  # all one-token decodes: their ids
-            kv.shrink_many(pending.dec.ids, cut)
-        else:
-            for r, n in pending.batch:  # not retired yet: the counters are the run's start
-                decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
-                shrink(r.req_id, cut if decode else cut * n)
+        for r, n in batch:  # not retired yet: the counters are the run's start
+            decode = r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens == 1
+            shrink(r.req_id, cut if decode else cut * n)
         start = self.trace.time[-1]
         self.busy_time = pending.busy_before + (ends[keep - 1] - start)
         self.trace.steps[-1] = keep - pending.row_start
         self.trace.duration[-1] = ends[keep - 1] - start
+        del ends[keep:]  # (the run owns its list: cut in place, as chunk_run extends it)
         self.env.cancel(pending.event)
-        short = _Pending(
-            pending.batch,
-            ends[:keep],
-            True,
-            busy_before=pending.busy_before,
-            decodes=pending.decodes,
-            dec=pending.dec,
-            row_start=pending.row_start,
-        )
-        self._pending = short
-        short.event = self.env.schedule(
-            short.ends[-1], functools.partial(self._complete, short), PRIO_ITERATION
+        pending.event = self.env.schedule(
+            ends[-1], functools.partial(self._complete, pending), PRIO_ITERATION
         )
 
     def _violation(self, limit: str, detail: str) -> SchedulerViolation:
@@ -512,76 +500,10 @@ class Instance:
                 self.abort(r)
         self._iterate()
 
-    def _retire(self, pending: _Pending, k: int) -> None:
-        """Deliver the first ``k`` iterations of ``pending``: tokens, finishes."""
-        ends = pending.ends
-        if k != len(ends):
-            ends = ends[:k]
-        end = ends[-1]
-        first = len(self.iter_end)
-        self.iter_end.extend(ends)
-        finished: list[Request] = []
-        prev = first - 1  # a run of tokens ending here is extended, not restarted
-        batch: Sequence[ScheduledRequest] = pending.batch
-        dec = pending.dec
-        if dec is not None:  # checked running decodes first: they become the continuation
-            conts.deliver(self, dec, k, first, finished)
-            n_dec = len(dec.entries)
-            batch = batch[n_dec:] if n_dec != len(batch) else ()
-        if not batch:
-            pass
-        elif pending.final is not None:
-            chunk_run.deliver(batch, pending.final, k, first, end, finished)
-        elif pending.fast:
-            last = first + k - 1
-            for r, n in batch:
-                if r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1:
-                    r.num_computed_tokens += k * n  # a non-final prefill chunk: no token
-                    continue
-                r.num_computed_tokens += k
-                r.num_output_tokens += k
-                runs = r.token_runs  # inlined Request.record_tokens: this is the hot loop
-                if runs and runs[-1] == prev:
-                    runs[-1] = last
-                else:
-                    runs.append(first)
-                    runs.append(last)
-                if r.num_output_tokens >= r.true_output_len:
-                    finished.append(r)
-        else:
-            for r, n in batch:
-                r.num_computed_tokens += n
-                if r.num_computed_tokens == r.num_prompt_tokens + r.num_output_tokens:
-                    if r.first_token_time is None:
-                        r.first_token_time = end
-                    r.num_output_tokens += 1
-                    runs = r.token_runs  # inlined Request.record_tokens (hot loop)
-                    if runs and runs[-1] == prev:
-                        runs[-1] = first
-                    else:
-                        runs.append(first)
-                        runs.append(first)
-                    if r.num_output_tokens >= r.true_output_len:
-                        finished.append(r)
-        if self.kv.registering:  # prefix caching: cache the prompt units computed now
-            self.kv.retired(pending.batch)
-        if self.executor.__class__ is not CostModelExecutor:  # (it never stops a request)
-            finished += eos_finished(self.executor, pending.batch)  # execute mode's EOS
-            self._cont = None  # (an early stop is not among the continuation's finishes)
-        for r in finished:
-            self.kv.free(r.req_id)
-            self.running.remove(r)
-            r.finish(end)
-            self.scheduler.on_finish(r, end)
-            self._done(r)
-        if self.hand_off is not None:
-            self._cont = None  # requests leave after their first token
-            self._hand_off(pending.batch, end)
-        if self.filling:
-            fills.prune(self.filling, self.instance_id)
-
-    def _hand_off(self, batch: tuple[ScheduledRequest, ...], end: float) -> None:
-        teardown.hand_off(self, batch, end)
+    _retire = retire.retire
+    """Deliver the first ``k`` iterations of a pending batch: tokens, finishes
+    (:func:`~sloserve.engine.retire.retire`; a plain function as the method: no second
+    call per decision)."""
 
     # ------------------------------------------------------------------ teardown
     def abort(self, req: Request) -> bool:

@@ -283,7 +283,9 @@ class PagedKVManager(KVCacheManager):
             raise KVInvariantError(f"request {req_id}: cannot shrink by {n_tokens} tokens")
         table = self._tables[req_id]
         extra = len(table) - -(-tokens // self.block_size)  # shrink_blocks, inlined (hot)
-        if extra > 0:
+        if extra == 1:  # (the common cut, shorter than a block: no slice to build)
+            self._free.append(table.pop())
+        elif extra > 0:
             # Back on the free list in the order they were taken from it.
             self._free.extend(reversed(table[-extra:]))
             del table[-extra:]
@@ -304,7 +306,9 @@ class PagedKVManager(KVCacheManager):
                 raise KVInvariantError(f"request {r}: cannot shrink by {n_tokens} tokens")
             # A table holds ceil(tokens / bs) blocks: it is looked up only to give some back.
             extra = -(-had // bs) - -(-t // bs)
-            if extra > 0:
+            if extra == 1:  # (the common cut, shorter than a block: no slice to build)
+                free.append(tables[r].pop())
+            elif extra > 0:
                 table = tables[r]
                 free.extend(reversed(table[-extra:]))  # shrink's order
                 del table[-extra:]
