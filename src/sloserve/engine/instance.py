@@ -446,8 +446,9 @@ class Instance:
             raise self._violation("batch", f"executor {self.executor.name!r} gave {dur}s")
         ends = [now + dur]
         dec = lead
-        if split is not None and not split[2] and not out.preempt:  # running decodes only
-            dec = decode_run.whole(batch, split, lead)  # (its delivery makes them the next)
+        if split is not None and not split[2] and out.repeatable and not out.preempt:
+            # (running decodes only, a repeatable batch: its delivery makes them the next)
+            dec = decode_run.whole(batch, split, lead)
         pending = self._record(batch, ends, tokens, now, kv_before, fast=False, dec=dec)
         if admitted == 1 and split is not None and self.scheduler.repeats_joined_chunk:
             chunk_run.chain_join(self, out, pending, split)  # (its chunks may follow)
