@@ -228,6 +228,10 @@ class UnifiedScheduler(Scheduler):
             return sorted(xs, key=key) if key is not None and len(xs) > 1 else xs
 
         mode = self._config.groups
+        if key is None and mode == "decode-first" and not filling:
+            # fcfs (every queue is in arrival order already) and nothing filling: the
+            # groups below, without their sorting calls (Sarathi's every arrival).
+            return [(view.running, True), ([], False), (view.swapped, False), (view.waiting, False)]
         if mode == "single":
             allr = [*view.running, *view.swapped, *view.waiting]
             return [(sorted(allr, key=key or _arrival_rank), False)]
@@ -291,12 +295,11 @@ class UnifiedScheduler(Scheduler):
         fillers: list[Request] = []
         if cfg.chunked_prefill:
             fillers = _filling(view)
-            promised = {
-                r.req_id: blocks_needed(
-                    r.req_id, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+            for r in fillers:  # (usually one: a loop, no comprehension's frame)
+                rid = r.req_id
+                promised[rid] = blocks_needed(
+                    rid, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
                 )
-                for r in fillers
-            }
         st = _State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
         watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
