@@ -54,7 +54,12 @@ def _wrap(owner: Any, name: str, label: str) -> None:
 
 
 def main() -> int:
-    run = sys.argv[1] if len(sys.argv) > 1 else "single"
+    import argparse
+
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("run", nargs="?", default="single", choices=("single", "cluster"),
+                    help="which sim_e2e.py command to split (default: single)")  # fmt: skip
+    run = ap.parse_args().run
     c0, w0 = time.process_time(), time.perf_counter()
     import sloserve.cli
 
