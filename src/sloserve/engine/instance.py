@@ -144,9 +144,9 @@ class Instance:
         self._cont: Continuation | None = None
         """Running decodes checked at the last decision, for the next (:mod:`.continuation`)."""
         self._abort_after: list[Request] = []
-        # Preemptions since a request last left, len(done) then, since when (:mod:`.thrash`)
-        self._thrash, self._thrash_done, self._thrash_since = 0, 0, 0.0
         """Requests whose abort waits for the in-flight iteration that contains them."""
+        # Preempting decisions since a request last left, len(done) then, since when
+        self._thrash, self._thrash_done, self._thrash_since = 0, 0, 0.0  # (:mod:`.thrash`)
         self.incoming: list[Request] = []
         """Prefilled requests (:meth:`add_prefilled`) waiting for KV room, by arrival."""
         self.hand_off: Callable[[Request], None] | None = None
@@ -364,7 +364,7 @@ class Instance:
         swap_tokens = 0
         requeued: list[Request] = []
         if out.preempt:
-            thrash.preempted(self, len(out.preempt))  # a livelock: an error, not a hang
+            thrash.preempted(self)  # a livelock: an error, not a hang
         for r, mode in out.preempt:
             self.running.remove(r)
             self.num_preemptions += 1

@@ -7,7 +7,7 @@ requeued request keeping its cached prefix pinned while it waits, so that preemp
 frees less than the policy counted (reproduced on tiny caches: thousands of preemptions,
 neither request finishing; without a horizon the simulation never ends and its memory
 grows). Progress is any request leaving the replica (``Instance.done`` grows). After
-:data:`LIMIT` preemptions with no request leaving, the instance raises
+:data:`LIMIT` decisions that preempt with no request leaving, the instance raises
 :class:`~sloserve.core.errors.StallError` naming the policy, the instant and the cache,
 as it does when a policy schedules nothing with nothing left to wait for.
 
@@ -25,23 +25,25 @@ if TYPE_CHECKING:
     from sloserve.engine.instance import Instance
 
 LIMIT = 10_000
-"""Preemptions on one replica with no request leaving it before the run is called a
-livelock (a thrashing run that still finishes requests never gets near it)."""
+"""Decisions that preempt on one replica with no request leaving it before the run is
+called a livelock (a thrashing run that still finishes requests never gets near it).
+Decisions, not preempted requests: a policy that evicts many at once (BROS's swaps)
+counts once per decision."""
 
 
-def preempted(inst: Instance, n: int) -> None:
-    """Count ``n`` preemptions of the decision being applied (called only when ``n`` > 0);
-    raise :class:`StallError` past :data:`LIMIT` with no request leaving since."""
+def preempted(inst: Instance) -> None:
+    """Count a decision that preempts (called only for those); raise
+    :class:`StallError` at :data:`LIMIT` of them with no request leaving since."""
     done = len(inst.done)
     if done != inst._thrash_done:  # a request left since the last preemption: progress
         inst._thrash_done = done
         inst._thrash = 0
         inst._thrash_since = inst.env.now
-    inst._thrash += n
+    inst._thrash += 1
     if inst._thrash >= LIMIT:
         kv = inst.kv
         raise StallError(
-            f"policy {inst.scheduler.name!r} preempted requests {inst._thrash} times "
+            f"policy {inst.scheduler.name!r} preempted requests at {inst._thrash} decisions "
             f"between t={inst._thrash_since:.3f}s and t={inst.env.now:.3f}s with no request "
             f"finishing (a preemption livelock: {len(inst.running)} running, "
             f"{len(inst.waiting)} waiting; KV cache {kv.num_blocks} blocks of "
