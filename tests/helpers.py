@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -133,3 +134,25 @@ def drive(
         env.schedule(horizon, lambda: None, PRIO_CONTROL)
         env.run(until=horizon)
         inst.abort_all()
+
+
+def outcome(inst: Instance, reqs: Sequence[Request]) -> dict[str, Any]:
+    """What a run produced, to compare two runs of the same requests exactly: each
+    request's state and token runs, the iteration log, the trace rows and busy time."""
+    return {
+        "requests": [
+            (
+                r.status,
+                list(r.token_runs),
+                r.first_token_time,
+                r.finish_time,
+                r.num_computed_tokens,
+                r.num_output_tokens,
+                r.num_preemptions,
+            )
+            for r in reqs
+        ],
+        "iter_end": list(inst.iter_end),
+        "trace": dataclasses.asdict(inst.trace),
+        "busy": inst.busy_time,
+    }

@@ -6,7 +6,6 @@ requests' token times are those of stepping one iteration at a time."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -14,7 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import count_schedule_calls, drive, make_instance, req, small_linear_cost, times
+from helpers import (
+    count_schedule_calls,
+    drive,
+    make_instance,
+    outcome,
+    req,
+    small_linear_cost,
+    times,
+)
 from sloserve.costmodel.base import ConstantCostModel
 from sloserve.engine import chunk_run, fastpath
 from sloserve.engine.instance import Instance
@@ -73,22 +80,8 @@ def _simulate(
         aborts=aborts,
     )
     return {
-        "requests": [
-            (
-                r.status,
-                list(r.token_runs),
-                r.first_token_time,
-                r.finish_time,
-                r.num_computed_tokens,
-                r.num_output_tokens,
-                r.num_preemptions,
-            )
-            for r in reqs
-        ],
+        **outcome(inst, reqs),
         "times": [times(inst, r) for r in reqs],
-        "iter_end": list(inst.iter_end),
-        "trace": dataclasses.asdict(inst.trace),
-        "busy": inst.busy_time,
         "kv": inst.kv.num_used_blocks,
         "probes": seen,
         "decisions": decisions[0],

@@ -15,7 +15,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import count_schedule_calls, drive, make_instance, req, small_linear_cost, times
+from helpers import (
+    count_schedule_calls,
+    drive,
+    make_instance,
+    outcome,
+    req,
+    small_linear_cost,
+    times,
+)
 from sloserve.core.errors import SchedulerViolation
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import ConstantCostModel
@@ -80,23 +88,9 @@ def _simulate(
         if r.status is RequestStatus.FINISHED:
             assert done_at[r.req_id] == r.finish_time == inst.iter_end[r.token_runs[-1]]
     return {
-        "requests": [
-            (
-                r.status,
-                list(r.token_runs),
-                r.first_token_time,
-                r.finish_time,
-                r.num_computed_tokens,
-                r.num_output_tokens,
-                r.num_preemptions,
-            )
-            for r in reqs
-        ],
+        **outcome(inst, reqs),
         "done_at": done_at,
         "times": [times(inst, r) for r in reqs],
-        "iter_end": list(inst.iter_end),
-        "trace": dataclasses.asdict(inst.trace),
-        "busy": inst.busy_time,
         "kv": inst.kv.num_used_blocks,
         "probes": seen,
         "calls": calls[0],

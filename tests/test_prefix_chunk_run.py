@@ -6,14 +6,13 @@ without them, for prompts that start after cached tokens too."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import count_schedule_calls, drive, small_linear_cost
+from helpers import count_schedule_calls, drive, outcome, small_linear_cost
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import ConstantCostModel
@@ -78,21 +77,8 @@ def _simulate(
         aborts=aborts,
     )
     return {
-        "requests": [
-            (
-                r.status,
-                list(r.token_runs),
-                r.first_token_time,
-                r.finish_time,
-                r.num_computed_tokens,
-                r.num_output_tokens,
-                r.num_cached_tokens,
-            )
-            for r in reqs
-        ],
-        "iter_end": list(inst.iter_end),
-        "trace": dataclasses.asdict(inst.trace),
-        "busy": inst.busy_time,
+        **outcome(inst, reqs),
+        "cached": [r.num_cached_tokens for r in reqs],
         "kv": (kv.num_used_blocks, kv.num_cached_blocks, kv.reference_counts()),
         "cache": (
             kv.registered,
@@ -187,7 +173,7 @@ def test_a_cached_prompt_chains_from_its_joining_chunk() -> None:
     probes = _probes()
     on = _simulate(_SETUP, _SPEC, probes=probes)
     off = _simulate(_SETUP, _SPEC, chains=False, probes=probes)
-    assert on["requests"][3][6] == 48  # it found six units cached
+    assert on["cached"][3] == 48  # it found six units cached
     assert off["decisions"] - on["decisions"] >= 2  # join, middle run, final: one decision
     on.pop("decisions"), off.pop("decisions")
     assert on == off
