@@ -428,34 +428,19 @@ def deliver(
     other than the continuation's): decodes one token each per iteration, the chunked
     prompt ``n`` tokens per middle iteration and its rest in the final one (``k`` is
     then ``m + 1``), where it emits its first token at ``end`` as the single step did."""
-    prev = first - 1
-    last = first + k - 1
     req = final.req
+    # (Once per chain and a few entries: the continuation delivers the decodes it holds.)
     for r, n in batch:
         if r is req:
             if k <= final.middle:  # (a failure or the horizon: the final one was lost)
                 r.num_computed_tokens += k * n
                 continue
             r.num_computed_tokens += (k - 1) * n + final.tokens
-            r.num_output_tokens += 1
             if r.first_token_time is None:
                 r.first_token_time = end
-            runs = r.token_runs
-            if runs and runs[-1] == last - 1:
-                runs[-1] = last
-            else:
-                runs.append(last)
-                runs.append(last)
-            if r.num_output_tokens >= r.true_output_len:
-                finished.append(r)
-            continue
-        r.num_computed_tokens += k
-        r.num_output_tokens += k
-        runs = r.token_runs
-        if runs and runs[-1] == prev:
-            runs[-1] = last
+            r.record_tokens(first + k - 1, 1)  # its first token, in the final iteration
         else:
-            runs.append(first)
-            runs.append(last)
+            r.num_computed_tokens += k
+            r.record_tokens(first, k)  # a decode: one token an iteration
         if r.num_output_tokens >= r.true_output_len:
             finished.append(r)
