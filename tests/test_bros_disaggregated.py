@@ -33,3 +33,15 @@ def test_bros_serves_every_request_across_a_prefill_decode_split() -> None:
     table = res.table
     assert len(table) == len(set(table["req_id"])) > 0
     assert (table["status"] == "finished").all()
+
+
+def test_last_token_time_is_the_streamed_one_until_a_token_of_its_own() -> None:
+    from sloserve.core.request import Request
+
+    r = Request(req_id=0, arrival=0.0, num_prompt_tokens=8, true_output_len=5)
+    r.num_output_tokens = 1
+    r.token_runs = [0, 0]  # a hand-off's placeholder: no index of this replica's log
+    r.streamed_times = [0.25]
+    assert r.last_token_time([]) == 0.25
+    r.record_tokens(3, 2)  # two tokens of its own here, iterations 3 and 4
+    assert r.last_token_time([0.1, 0.2, 0.3, 0.4, 0.5]) == 0.5

@@ -48,7 +48,7 @@ class SpecModel(BaseModel):
         if (
             isinstance(value, bool)
             and info.field_name is not None
-            and cls.model_fields[info.field_name].annotation not in (bool, "bool")
+            and cls.model_fields[info.field_name].annotation is not bool
         ):
             raise ValueError(
                 f"expected a number, not the boolean {str(value).lower()} "

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sloserve.core.errors import InvalidTransition
@@ -305,6 +306,16 @@ class Request:
         self.finish_time = now
 
     # ----------------------------------------------------------------- tokens
+    def last_token_time(self, iter_end: Sequence[float]) -> float:
+        """When the client last received a token (``iter_end``: the iteration log of the
+        instance serving it; the request has emitted at least one token). While it has no
+        token of its own here beyond those already streamed (handed off by a prefill
+        replica, its runs a placeholder; re-served after a failover, regenerating tokens
+        the client has) that is the last streamed one."""
+        if self.num_output_tokens <= len(self.streamed_times):
+            return self.streamed_times[-1]
+        return iter_end[self.token_runs[-1]]
+
     def record_tokens(self, first_iter: int, count: int) -> None:
         """Record ``count`` tokens emitted by consecutive iterations starting at ``first_iter``."""
         runs = self.token_runs

@@ -55,16 +55,10 @@ class _Ranking:
 
         def res(r: Request) -> float:
             slo = r.slo
-            n_out = r.num_output_tokens
-            if n_out == 0 or not r.token_runs:
+            if r.num_output_tokens == 0 or not r.token_runs:
                 target, since = slo.ttft_s, r.arrival
-            elif n_out <= len(r.streamed_times):
-                # Handed off by a prefill replica (its runs a placeholder, no index of
-                # this replica's log) or re-served after a failover: no token of its own
-                # reached the client here yet, whose last one is the streamed one.
-                target, since = slo.tpot_s, r.streamed_times[-1]
-            else:
-                target, since = slo.tpot_s, ends[r.token_runs[-1]]
+            else:  # (a handed-off request's runs are a placeholder: Request says when)
+                target, since = slo.tpot_s, r.last_token_time(ends)
             if target is None:
                 return _INF
             return target - (now - since) - (self._k(r, p) - 1) * t_avg
