@@ -12,6 +12,15 @@ from sloserve.engine.interface import (
 )
 from sloserve.engine.kv import KVCacheManager, PagedKVManager
 
+
+def compiled() -> bool:
+    """Whether this install runs the engine's per-decision modules compiled (the opt-in
+    ``SLOSERVE_COMPILE=1 pip install .`` build, docs/install.md): the same results, and
+    their classes cannot be subclassed or monkeypatched."""
+    from sloserve.engine import instance
+
+    return not str(instance.__file__).endswith(".py")
+
 __all__ = [
     "Environment",
     "Instance",
@@ -23,4 +32,5 @@ __all__ = [
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",
+    "compiled",
 ]

@@ -501,10 +501,11 @@ class Instance:
                 self.abort(r)
         self._iterate()
 
-    _retire = retire.retire
-    """Deliver the first ``k`` iterations of a pending batch: tokens, finishes
-    (:func:`~sloserve.engine.retire.retire`; a plain function as the method: no second
-    call per decision)."""
+    def _retire(self, pending: _Pending, k: int) -> None:
+        """Deliver the first ``k`` iterations of a pending batch: tokens, finishes
+        (:func:`~sloserve.engine.retire.retire`). A method, not the function bound as a
+        class attribute: a class compiled by mypyc (the compiled build) cannot bind one."""
+        retire.retire(self, pending, k)
 
     # ------------------------------------------------------------------ teardown
     def abort(self, req: Request) -> bool:

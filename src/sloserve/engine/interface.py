@@ -109,6 +109,12 @@ class SchedulerOutput:
     def __post_init__(self) -> None:
         if self.repeat_reserve_blocks < 0:
             raise ValueError("repeat_reserve_blocks must be >= 0")
+        # A policy may hand over lists: the engine keeps tuples (its own, never aliased to
+        # a list the policy mutates later; and the compiled build's code reads tuples).
+        for name in ("batch", "preempt", "swap_in"):
+            value = getattr(self, name)
+            if type(value) is not tuple:
+                object.__setattr__(self, name, tuple(value))
 
     @property
     def empty(self) -> bool:

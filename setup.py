@@ -1,0 +1,48 @@
+"""Extension modules of the opt-in compiled build (``SLOSERVE_COMPILE=1 pip install .``).
+
+Everything else about the package is in pyproject.toml; build_backend/sloserve_build.py
+says when this compiles. The list is the engine's per-decision path, the modules
+``benchmarks/engine_calls.py`` times. A module belongs here only if nothing outside it
+subclasses its classes (mypyc's classes are closed to Python subclasses, and its
+``allow_interpreted_subclasses`` escape has known bugs with overridden attributes and
+properties): the KV managers (``engine/kv.py``, an extension point) and the policies stay
+Python. ``tests/test_compiled_build.py`` checks this.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+
+COMPILED = [
+    "sloserve/engine/checks.py",
+    "sloserve/engine/chunk_run.py",
+    "sloserve/engine/continuation.py",
+    "sloserve/engine/decode_run.py",
+    "sloserve/engine/env.py",
+    "sloserve/engine/fastpath.py",
+    "sloserve/engine/filling.py",
+    "sloserve/engine/instance.py",
+    "sloserve/engine/retire.py",
+    "sloserve/engine/teardown.py",
+    "sloserve/engine/thrash.py",
+]
+
+COMPILING = os.environ.get("SLOSERVE_COMPILE", "").strip() == "1"
+
+ext_modules = []
+if COMPILING:
+    from mypyc.build import mypycify
+
+    # The type check that guides compilation needs no third-party stubs (mypy's own run
+    # in CI checks the whole package strictly): the isolated build has mypy and numpy.
+    flags = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
+    ext_modules = mypycify([*flags, *(f"src/{m}" for m in COMPILED)], opt_level="3")
+
+# One build folder per kind: a pure build must never pick up a compiled build's extension
+# modules left in a shared build/lib (the wheel would then ship stale compiled code).
+setup(
+    ext_modules=ext_modules,
+    options={"build": {"build_base": "build/compiled" if COMPILING else "build/pure"}},
+)
