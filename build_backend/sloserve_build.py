@@ -1,14 +1,15 @@
 """sloserve's build backend: setuptools', plus an opt-in compiled build of the engine.
 
-``SLOSERVE_COMPILE=1 pip install .`` compiles the simulator's per-iteration modules
+``SLOSERVE_COMPILE=1 pip install .`` compiles the simulator's per-decision modules
 (``setup.py`` lists them) to C extensions with mypyc, the compiler mypy ships for code
 that is already fully typed, as mypy and black compile themselves: the same source, the
-same results, a faster inner loop (docs/install.md, "The compiled build"). Without the
-variable, or for an editable install, the package is pure Python and this backend is
-setuptools' own.
+same results, a faster inner loop (docs/getting-started.md, "The compiled build").
+Without the variable the package is pure Python and this backend is setuptools' own.
 
-Only two hooks differ: a wheel build asks for mypy when compiling, and an editable build
-never compiles (a stale extension module beside its edited ``.py`` would shadow it: the
+Only a wheel's build compiles. Every other hook (requirements, metadata, sdist, and the
+whole editable install) runs setup.py with compiling off: metadata does not depend on it,
+mypy is not installed yet when setuptools collects requirements, and in an editable
+install a compiled module beside its ``.py`` file would shadow the file being edited (the
 import system prefers the extension).
 """
 
@@ -16,32 +17,74 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 from setuptools import build_meta as _setuptools
-from setuptools.build_meta import *  # noqa: F403  (every hook not overridden below)
+from setuptools.build_meta import *  # noqa: F403  (the hooks not overridden below)
 
 MYPYC_REQUIREMENTS = ("mypy>=1.10", "numpy>=1.24")
 """What a compiling build adds: mypyc, and numpy's types (the engine's arrays; without
 them the compiled code treats numpy values as untyped objects)."""
 
+_VAR = "SLOSERVE_COMPILE"
+T = TypeVar("T")
+
 
 def compiling() -> bool:
     """Whether this build compiles (``SLOSERVE_COMPILE=1``)."""
-    return os.environ.get("SLOSERVE_COMPILE", "").strip() == "1"
+    return os.environ.get(_VAR, "").strip() == "1"
+
+
+@contextmanager
+def _pure() -> Iterator[None]:
+    """Run a setuptools hook with compiling off, then restore the variable."""
+    old = os.environ.get(_VAR)
+    os.environ[_VAR] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[_VAR]
+        else:
+            os.environ[_VAR] = old
+
+
+def _in_pure(hook: Callable[..., T], *args: Any) -> T:
+    with _pure():
+        return hook(*args)
 
 
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:
-    if not compiling():
-        return list(_setuptools.get_requires_for_build_wheel(config_settings))
-    # setuptools runs setup.py to collect its requirements, before mypy is installed:
-    # that run must not compile.
-    os.environ["SLOSERVE_COMPILE"] = "0"
-    try:
-        requires = list(_setuptools.get_requires_for_build_wheel(config_settings))
-    finally:
-        os.environ["SLOSERVE_COMPILE"] = "1"
-    return [*requires, *MYPYC_REQUIREMENTS]
+    requires = list(_in_pure(_setuptools.get_requires_for_build_wheel, config_settings))
+    return [*requires, *MYPYC_REQUIREMENTS] if compiling() else requires
+
+
+def prepare_metadata_for_build_wheel(
+    metadata_directory: str, config_settings: dict[str, Any] | None = None
+) -> str:
+    return str(
+        _in_pure(_setuptools.prepare_metadata_for_build_wheel, metadata_directory, config_settings)
+    )
+
+
+def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = None) -> str:
+    return str(_in_pure(_setuptools.build_sdist, sdist_directory, config_settings))
+
+
+def get_requires_for_build_editable(config_settings: dict[str, Any] | None = None) -> list[str]:
+    return list(_in_pure(_setuptools.get_requires_for_build_editable, config_settings))
+
+
+def prepare_metadata_for_build_editable(
+    metadata_directory: str, config_settings: dict[str, Any] | None = None
+) -> str:
+    return str(
+        _in_pure(
+            _setuptools.prepare_metadata_for_build_editable, metadata_directory, config_settings
+        )
+    )
 
 
 def build_editable(
@@ -51,9 +94,10 @@ def build_editable(
 ) -> str:
     if compiling():
         print(
-            "sloserve: SLOSERVE_COMPILE=1 is ignored for an editable install (an extension "
-            "module would shadow the .py files you edit); install with `pip install .`",
+            "sloserve: SLOSERVE_COMPILE=1 is ignored for an editable install (a compiled "
+            "module would shadow the .py file you edit); install with `pip install .`",
             file=sys.stderr,
         )
-        os.environ["SLOSERVE_COMPILE"] = "0"
-    return str(_setuptools.build_editable(wheel_directory, config_settings, metadata_directory))
+    return str(
+        _in_pure(_setuptools.build_editable, wheel_directory, config_settings, metadata_directory)
+    )
