@@ -12,6 +12,9 @@ Python. ``tests/test_compiled_build.py`` checks this.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import sysconfig
 
 from setuptools import setup
 
@@ -33,6 +36,17 @@ COMPILING = os.environ.get("SLOSERVE_COMPILE", "").strip() == "1"
 
 ext_modules = []
 if COMPILING:
+    # Say at once what is missing, not after minutes of type checking.
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = os.environ.get("CC", compiler).split()[0]
+    headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    if shutil.which(compiler) is None or not os.path.isfile(headers):
+        sys.exit(
+            f"sloserve: SLOSERVE_COMPILE=1 needs a C compiler ({compiler!r}: "
+            f"{'found' if shutil.which(compiler) else 'not found'}) and the Python headers "
+            f"({headers}: {'found' if os.path.isfile(headers) else 'not found'}); unset "
+            "SLOSERVE_COMPILE for the pure-Python install"
+        )
     from mypyc.build import mypycify
 
     # The type check that guides compilation needs no third-party stubs (mypy's own run

@@ -16,6 +16,7 @@ import system prefers the extension).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,9 +25,10 @@ from typing import Any, TypeVar
 from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F403  (the hooks not overridden below)
 
-MYPYC_REQUIREMENTS = ("mypy>=1.10", "numpy>=1.24")
-"""What a compiling build adds: mypyc, and numpy's types (the engine's arrays; without
-them the compiled code treats numpy values as untyped objects)."""
+MYPYC_REQUIREMENTS = ("mypy>=2.4.1,<2.5", "numpy>=1.24")
+"""What a compiling build adds: mypyc, pinned to the release the compiled build was
+tested with (a new mypyc may compile the engine differently, and CI never compiles), and
+numpy's types (without them the compiled code treats numpy values as untyped objects)."""
 
 _VAR = "SLOSERVE_COMPILE"
 T = TypeVar("T")
@@ -61,12 +63,28 @@ def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) 
     return [*requires, *MYPYC_REQUIREMENTS] if compiling() else requires
 
 
+def build_wheel(
+    wheel_directory: str,
+    config_settings: dict[str, Any] | None = None,
+    metadata_directory: str | None = None,
+) -> str:
+    # setuptools copies whatever its build folder holds into the wheel: an extension
+    # module left by an earlier build (a module since dropped from setup.py's list, or
+    # since edited) would ship and shadow its .py file. Each wheel starts from an empty one.
+    shutil.rmtree(os.path.join("build", "compiled" if compiling() else "pure"), ignore_errors=True)
+    return str(_setuptools.build_wheel(wheel_directory, config_settings, metadata_directory))
+
+
 def prepare_metadata_for_build_wheel(
     metadata_directory: str, config_settings: dict[str, Any] | None = None
 ) -> str:
     return str(
         _in_pure(_setuptools.prepare_metadata_for_build_wheel, metadata_directory, config_settings)
     )
+
+
+def get_requires_for_build_sdist(config_settings: dict[str, Any] | None = None) -> list[str]:
+    return list(_in_pure(_setuptools.get_requires_for_build_sdist, config_settings))
 
 
 def build_sdist(sdist_directory: str, config_settings: dict[str, Any] | None = None) -> str:

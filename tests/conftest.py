@@ -55,6 +55,7 @@ PURE_PYTHON_ONLY = frozenset(
         "test_chunk_run.py::test_cluster_runs_are_the_same_with_final_chunk_runs",
         "test_decode_run.py::test_cluster_runs_are_the_same_with_promised_decode_runs",
         "test_continuation.py::test_the_continuation_holds_its_invariant_and_is_used",
+        "test_continuation_adversarial.py::test_reordered_batches_give_the_results_without_the_continuation",
         "test_engine_state.py::test_debug_checks_catch_a_filling_request_left_out",
         "test_prefix_chunk_run.py::test_registering_at_the_chain_end_only_is_caught",
         "test_prefix_chunk_run.py::test_a_cached_prompt_priced_from_token_zero_is_caught",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -171,6 +172,18 @@ class Request:
     (queued, running, preempted, swapped, failed over) for traces such as Perfetto's."""
 
     def __post_init__(self) -> None:
+        # numpy integers (a trace read with numpy) become ints: the compiled engine
+        # (SLOSERVE_COMPILE=1) reads these fields as ints and rejects anything else.
+        if type(self.req_id) is not int:
+            self.req_id = operator.index(self.req_id)
+        if type(self.num_prompt_tokens) is not int:
+            self.num_prompt_tokens = operator.index(self.num_prompt_tokens)
+        if type(self.true_output_len) is not int:
+            self.true_output_len = operator.index(self.true_output_len)
+        if type(self.priority) is not int:
+            self.priority = operator.index(self.priority)
+        if self.max_tokens is not None and type(self.max_tokens) is not int:
+            self.max_tokens = operator.index(self.max_tokens)
         if self.num_prompt_tokens < 1:
             raise ValueError(f"request {self.req_id}: prompt must have >= 1 token")
         if self.true_output_len < 1:

@@ -15,11 +15,13 @@ from sloserve.engine.kv import KVCacheManager, PagedKVManager
 
 def compiled() -> bool:
     """Whether this install runs the engine's per-decision modules compiled (the opt-in
-    ``SLOSERVE_COMPILE=1 pip install .`` build, docs/install.md): the same results, and
-    their classes cannot be subclassed or monkeypatched."""
+    ``SLOSERVE_COMPILE=1 pip install .`` build, docs/getting-started.md): the same
+    results, and their classes cannot be subclassed or monkeypatched."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
     from sloserve.engine import instance
 
-    return not str(instance.__file__).endswith(".py")
+    return str(instance.__file__).endswith(tuple(EXTENSION_SUFFIXES))
 
 __all__ = [
     "Environment",

@@ -295,7 +295,15 @@ class Instance:
                     "a policy that may not evict can deadlock when memory fills up)"
                 )
             return
-        pending = self._apply(out, now)
+        try:
+            pending = self._apply(out, now)
+        except TypeError as e:  # e.g. a token count that is not an int (compiled build)
+            raise SchedulerViolation(
+                self.scheduler.name,
+                "output types",
+                f"{e} (a batch entry is ScheduledRequest(Request, int); preempt entries "
+                "(Request, PreemptionMode))",
+            ) from e
         self._pending = pending
         self._busy = True
         pending.event = env.schedule(

@@ -111,10 +111,13 @@ class SchedulerOutput:
             raise ValueError("repeat_reserve_blocks must be >= 0")
         # A policy may hand over lists: the engine keeps tuples (its own, never aliased to
         # a list the policy mutates later; and the compiled build's code reads tuples).
-        for name in ("batch", "preempt", "swap_in"):
-            value = getattr(self, name)
-            if type(value) is not tuple:
-                object.__setattr__(self, name, tuple(value))
+        if type(self.batch) is not tuple:
+            object.__setattr__(self, "batch", tuple(self.batch))
+        if type(self.swap_in) is not tuple:
+            object.__setattr__(self, "swap_in", tuple(self.swap_in))
+        preempt = self.preempt
+        if type(preempt) is not tuple or any(type(p) is not tuple for p in preempt):
+            object.__setattr__(self, "preempt", tuple(tuple(p) for p in preempt))
 
     @property
     def empty(self) -> bool:
