@@ -38,7 +38,7 @@ Choices where the paper is silent (all parameters of :class:`UnifiedConfig`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Literal
@@ -54,6 +54,7 @@ from sloserve.engine.interface import (
     scheduler_output,
 )
 from sloserve.engine.kv import KVCacheManager
+from sloserve.policies.infermax.batch_state import State, Victims, settle
 
 GroupMode = Literal["prefill-first", "decode-first", "single"]
 OrderKey = Literal["fcfs", "priority", "edf", "input", "output"]
@@ -300,7 +301,7 @@ class UnifiedScheduler(Scheduler):
                 promised[rid] = blocks_needed(
                     rid, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
                 )
-        st = _State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
+        st = State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
         watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
         if cfg.eviction_free:
@@ -321,7 +322,7 @@ class UnifiedScheduler(Scheduler):
         # Eviction-free variants evict only a running request that outgrew its reservation
         # (a predictor that under-predicted): waiting forever would stall the replica.
         can_evict = cfg.evict or cfg.eviction_free
-        victims: _Victims | None = None  # built at the first eviction (most calls have none)
+        victims: Victims | None = None  # built at the first eviction (most calls have none)
         # One ranked group has no "next group": a candidate that cannot run is skipped.
         skip_on_fail = cfg.groups == "single"
         hybrid = cfg.hybrid
@@ -335,7 +336,7 @@ class UnifiedScheduler(Scheduler):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
             if unsettled and all_decode and st.free_blocks < len(group):
-                _settle(unsettled, st, in_batch, kv)  # the test below needs the exact count
+                settle(unsettled, st, in_batch, kv)  # the test below needs the exact count
             if (
                 all_decode
                 and group
@@ -395,14 +396,14 @@ class UnifiedScheduler(Scheduler):
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
                 if unsettled and need + margin > st.free_blocks:
-                    _settle(unsettled, st, in_batch, kv)  # short by the bound: count exactly
+                    settle(unsettled, st, in_batch, kv)  # short by the bound: count exactly
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
                     may_evict = can_evict and (not joining or cfg.evict_for_waiting)
                     if may_evict:
                         if victims is None:
-                            victims = _Victims(view, rank_key)
+                            victims = Victims(view, rank_key)
                         room = st.free_blocks + victims.capacity(cand, in_batch, st, kv)
                         while need + margin > st.free_blocks and room >= need + margin:
                             victim = victims.pick(cand, in_batch, st.gone)
@@ -460,7 +461,7 @@ class UnifiedScheduler(Scheduler):
             tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable, repeat_reserve
         )
 
-    def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
+    def _evict(self, victim: Request, kv: KVCacheManager, st: State) -> None:
         mode = self._config.preemption_mode
         blocks = kv.num_request_blocks(victim.req_id)
         if st.cpu_free < 0:  # read at the first eviction (the tier does not change here)
@@ -481,18 +482,6 @@ class UnifiedScheduler(Scheduler):
         tokens = r.num_prompt_tokens + max(view.predictor.predict(r), r.num_output_tokens + 1) - 1
         tokens = min(tokens, self.max_sequence_tokens(view.limits))
         return -(-tokens // view.limits.block_size)
-
-
-def _settle(
-    unsettled: list[Sequence[Request]], st: _State, in_batch: set[int], kv: KVCacheManager
-) -> None:
-    """Charge the whole decode groups taken so far their exact blocks (one each was
-    charged) and add their ids to the batch's."""
-    for g in unsettled:
-        ids = [r.req_id for r in g]
-        st.free_blocks += len(ids) - kv.decode_blocks_needed(ids)
-        in_batch.update(ids)
-    unsettled.clear()
 
 
 def _filling(view: InstanceView) -> list[Request]:
@@ -531,55 +520,3 @@ _ARRIVAL = attrgetter("arrival", "req_id")
 
 def _arrival_rank(r: Request) -> tuple[float, float, int]:
     return (r.arrival, 0.0, r.req_id)
-
-
-class _State:
-    """What GetNextBatch has used up so far in this call (a plain slotted class: one is
-    built per decision, and a dataclass's default factories cost more than its work)."""
-
-    __slots__ = ("cpu_free", "free_blocks", "gone", "n_running", "preempt", "promised")
-
-    def __init__(self, free_blocks: int, n_running: int, promised: dict[int, int]) -> None:
-        self.free_blocks = free_blocks
-        self.n_running = n_running
-        self.promised = promised
-        self.cpu_free = -1
-        """Free blocks of the CPU tier, read at the first eviction (-1: not yet)."""
-        self.preempt: list[tuple[Request, PreemptionMode]] = []
-        self.gone: set[int] = set()
-
-
-class _Victims:
-    """Running requests from the lowest rank up, sorted only if an eviction is needed.
-
-    A victim always ranks below the candidate (no priority inversion): when none does, a
-    running candidate evicts itself, as vLLM does.
-    """
-
-    def __init__(
-        self, view: InstanceView, rank_key: Callable[[Request], tuple[float, float, int]]
-    ) -> None:
-        self.view = view
-        self.rank_key = rank_key
-        self._order: list[Request] | None = None
-
-    def _eligible(self, cand: Request, in_batch: set[int], gone: set[int]) -> Iterator[Request]:
-        if self._order is None:
-            self._order = sorted(self.view.running, key=self.rank_key, reverse=True)
-        cand_rank = self.rank_key(cand)
-        for v in self._order:
-            if v.req_id in gone or v.req_id in in_batch or v is cand:
-                continue
-            if self.rank_key(v) <= cand_rank:
-                return  # everything left ranks above the candidate
-            yield v
-
-    def pick(self, cand: Request, in_batch: set[int], gone: set[int]) -> Request | None:
-        return next(self._eligible(cand, in_batch, gone), None)
-
-    def capacity(self, cand: Request, in_batch: set[int], st: _State, kv: KVCacheManager) -> int:
-        """Blocks that evicting every eligible victim would free."""
-        return sum(
-            kv.num_request_blocks(v.req_id) + st.promised.get(v.req_id, 0)
-            for v in self._eligible(cand, in_batch, st.gone)
-        )
