@@ -54,6 +54,7 @@ from sloserve.engine.interface import (
     scheduler_output,
 )
 from sloserve.engine.kv import KVCacheManager
+from sloserve.policies.infermax import decode_first
 from sloserve.policies.infermax.batch_state import State, Victims, settle
 
 GroupMode = Literal["prefill-first", "decode-first", "single"]
@@ -159,6 +160,14 @@ class UnifiedScheduler(Scheduler):
         # All three rest on this class's own schedule, _groups, _key and _decode_batch: a
         # subclass may change any of them (QLM's agent keeps state), so only this class
         # sets them; a subclass's own class attributes decide (Scheduler's: False).
+        # GetNextBatch specialised to decode-first fcfs hybrid batches (:mod:`.decode_first`):
+        # it follows this class's own _groups and _key, so not for a subclass either.
+        self._decode_first = (
+            type(self) is UnifiedScheduler
+            and self._all_decode_shortcut
+            and config.groups == "decode-first"
+            and config.hybrid
+        )
         if type(self) is UnifiedScheduler:
             self.repeats_final_chunk = final
             self.repeats_joined_chunk = joined
@@ -266,6 +275,7 @@ class UnifiedScheduler(Scheduler):
     # -------------------------------------------------------------- GetNextBatch
     def schedule(self, view: InstanceView) -> SchedulerOutput:
         running = view.running
+        fillers: list[Request] | None = None
         if (
             self._all_decode_shortcut
             and running
@@ -273,12 +283,19 @@ class UnifiedScheduler(Scheduler):
             and not view.swapped
             and len(running) <= view.limits.max_batch_tokens
             and len(running) <= view.kv.num_free_blocks
-            and not (self.chunked_prefill and _filling(view))
         ):
-            # Nothing waits, nothing is swapped out, every running request decodes and
-            # each fits whatever block it needs: Algorithm 1 takes the whole decode group
-            # at once (the loop below, its groups before it empty) and the batch repeats.
-            return scheduler_output(self._decode_batch(running), (), (), True, 0)
+            fillers = _filling(view) if self.chunked_prefill else []
+            if not fillers:
+                # Nothing waits, nothing is swapped out, every running request decodes and
+                # each fits whatever block it needs: Algorithm 1 takes the whole decode
+                # group at once (the loop below, its groups before it empty); it repeats.
+                return scheduler_output(self._decode_batch(running), (), (), True, 0)
+        if self._decode_first:  # Sarathi's shape: the same steps, specialised
+            if fillers is None:
+                fillers = _filling(view) if self.chunked_prefill else []
+            out = decode_first.schedule(self, view, fillers)
+            if out is not None:
+                return out
         cfg = self._config
         lim = view.limits
         kv = view.kv
@@ -293,14 +310,13 @@ class UnifiedScheduler(Scheduler):
         # Without chunking there are none: a (re)fill is scheduled whole and completes in
         # its iteration (``_groups`` relies on it too), so no pass over the running set.
         promised: dict[int, int] = {}
-        fillers: list[Request] = []
-        if cfg.chunked_prefill:
-            fillers = _filling(view)
-            for r in fillers:  # (usually one: a loop, no comprehension's frame)
-                rid = r.req_id
-                promised[rid] = blocks_needed(
-                    rid, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
-                )
+        if fillers is None:  # (read above when a shortcut was tried)
+            fillers = _filling(view) if cfg.chunked_prefill else []
+        for r in fillers:  # (usually one: a loop, no comprehension's frame)
+            rid = r.req_id
+            promised[rid] = blocks_needed(
+                rid, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+            )
         st = State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
         watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
