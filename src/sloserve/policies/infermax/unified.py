@@ -516,16 +516,17 @@ def _filling(view: InstanceView) -> list[Request]:
         return []
     me = view.instance_id
     RUNNING = RequestStatus.RUNNING
-    found = [
-        r
-        for r in src
-        if r.status is RUNNING
-        and r.instance_id == me
-        and (
-            r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
-            or not r.num_output_tokens
-        )
-    ]
+    found: list[Request] = []
+    for r in src:  # (one or two: a loop, no comprehension's frame, at every decision)
+        if (
+            r.status is RUNNING
+            and r.instance_id == me
+            and (
+                r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+                or not r.num_output_tokens
+            )
+        ):
+            found.append(r)
     if len(found) > 1:
         found.sort(key=_ARRIVAL)  # the order of the running list
     return found
