@@ -1,5 +1,7 @@
 """InferMax's unified scheduler (Algorithm 1, §3.1 of ``papers/infermax.txt``): one
-GetNextBatch, many schedulers (the named presets are in :mod:`.presets`).
+GetNextBatch, many schedulers (the named presets are in :mod:`.presets`; the state one
+call uses up in :mod:`.batch_state`; the same steps specialised to Sarathi's shape, used
+where they apply, in :mod:`.decode_first`).
 
 Steps, as in the paper:
 
