@@ -172,7 +172,9 @@ def plan_run(
             k = len(ends)
         if k <= 1:
             return None
-    elif k <= FIRST_LOOK and isinstance(inst.cost_model, LinearCostModel):
+    elif k <= FIRST_LOOK and (
+        type(inst.cost_model) is LinearCostModel or isinstance(inst.cost_model, LinearCostModel)
+    ):  # (the exact type first: an ABC's isinstance is slow, once per run)
         # No event in sight (a cluster replica between arrivals): a short run is cheaper
         # priced float by float than with arrays (the same floats).
         durs, ends = inst.cost_model.run_until(stats, now, t_next, k, work_step)

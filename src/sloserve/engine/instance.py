@@ -416,7 +416,11 @@ class Instance:
             if r.status is not RUNNING:
                 r.start(now)
                 self.waiting.remove(r)
-                bisect.insort(self.running, r, key=_arrival_key)
+                running = self.running
+                if running and _arrival_key(running[-1]) > _arrival_key(r):
+                    bisect.insort(running, r, key=_arrival_key)
+                else:  # (insort's place: usually the end, the latest arrival)
+                    running.append(r)
                 fills.note_joined(self.filling, r)
             computed = r.num_computed_tokens
             if split is None and (

@@ -1,5 +1,7 @@
 """InferMax's unified scheduler (Algorithm 1, §3.1 of ``papers/infermax.txt``): one
-GetNextBatch, many schedulers (the named presets are in :mod:`.presets`).
+GetNextBatch, many schedulers (the named presets are in :mod:`.presets`; the state one
+call uses up in :mod:`.batch_state`; the same steps specialised to Sarathi's shape, used
+where they apply, in :mod:`.decode_first`).
 
 Steps, as in the paper:
 
@@ -38,7 +40,7 @@ Choices where the paper is silent (all parameters of :class:`UnifiedConfig`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from operator import attrgetter
 from typing import Literal
@@ -54,6 +56,8 @@ from sloserve.engine.interface import (
     scheduler_output,
 )
 from sloserve.engine.kv import KVCacheManager
+from sloserve.policies.infermax import decode_first
+from sloserve.policies.infermax.batch_state import State, Victims, settle
 
 GroupMode = Literal["prefill-first", "decode-first", "single"]
 OrderKey = Literal["fcfs", "priority", "edf", "input", "output"]
@@ -158,6 +162,14 @@ class UnifiedScheduler(Scheduler):
         # All three rest on this class's own schedule, _groups, _key and _decode_batch: a
         # subclass may change any of them (QLM's agent keeps state), so only this class
         # sets them; a subclass's own class attributes decide (Scheduler's: False).
+        # GetNextBatch specialised to decode-first fcfs hybrid batches (:mod:`.decode_first`):
+        # it follows this class's own _groups and _key, so not for a subclass either.
+        self._decode_first = (
+            type(self) is UnifiedScheduler
+            and self._all_decode_shortcut
+            and config.groups == "decode-first"
+            and config.hybrid
+        )
         if type(self) is UnifiedScheduler:
             self.repeats_final_chunk = final
             self.repeats_joined_chunk = joined
@@ -265,6 +277,7 @@ class UnifiedScheduler(Scheduler):
     # -------------------------------------------------------------- GetNextBatch
     def schedule(self, view: InstanceView) -> SchedulerOutput:
         running = view.running
+        fillers: list[Request] | None = None
         if (
             self._all_decode_shortcut
             and running
@@ -272,12 +285,19 @@ class UnifiedScheduler(Scheduler):
             and not view.swapped
             and len(running) <= view.limits.max_batch_tokens
             and len(running) <= view.kv.num_free_blocks
-            and not (self.chunked_prefill and _filling(view))
         ):
-            # Nothing waits, nothing is swapped out, every running request decodes and
-            # each fits whatever block it needs: Algorithm 1 takes the whole decode group
-            # at once (the loop below, its groups before it empty) and the batch repeats.
-            return scheduler_output(self._decode_batch(running), (), (), True, 0)
+            fillers = _filling(view) if self.chunked_prefill else []
+            if not fillers:
+                # Nothing waits, nothing is swapped out, every running request decodes and
+                # each fits whatever block it needs: Algorithm 1 takes the whole decode
+                # group at once (the loop below, its groups before it empty); it repeats.
+                return scheduler_output(self._decode_batch(running), (), (), True, 0)
+        if self._decode_first:  # Sarathi's shape: the same steps, specialised
+            if fillers is None:
+                fillers = _filling(view) if self.chunked_prefill else []
+            out = decode_first.schedule(self, view, fillers)
+            if out is not None:
+                return out
         cfg = self._config
         lim = view.limits
         kv = view.kv
@@ -292,15 +312,14 @@ class UnifiedScheduler(Scheduler):
         # Without chunking there are none: a (re)fill is scheduled whole and completes in
         # its iteration (``_groups`` relies on it too), so no pass over the running set.
         promised: dict[int, int] = {}
-        fillers: list[Request] = []
-        if cfg.chunked_prefill:
-            fillers = _filling(view)
-            for r in fillers:  # (usually one: a loop, no comprehension's frame)
-                rid = r.req_id
-                promised[rid] = blocks_needed(
-                    rid, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
-                )
-        st = _State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
+        if fillers is None:  # (read above when a shortcut was tried)
+            fillers = _filling(view) if cfg.chunked_prefill else []
+        for r in fillers:  # (usually one: a loop, no comprehension's frame)
+            rid = r.req_id
+            promised[rid] = blocks_needed(
+                rid, r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+            )
+        st = State(kv.num_free_blocks - sum(promised.values()), len(view.running), promised)
         watermark = int(cfg.watermark * kv.num_blocks)
         reserved = 0
         if cfg.eviction_free:
@@ -321,7 +340,7 @@ class UnifiedScheduler(Scheduler):
         # Eviction-free variants evict only a running request that outgrew its reservation
         # (a predictor that under-predicted): waiting forever would stall the replica.
         can_evict = cfg.evict or cfg.eviction_free
-        victims: _Victims | None = None  # built at the first eviction (most calls have none)
+        victims: Victims | None = None  # built at the first eviction (most calls have none)
         # One ranked group has no "next group": a candidate that cannot run is skipped.
         skip_on_fail = cfg.groups == "single"
         hybrid = cfg.hybrid
@@ -335,7 +354,7 @@ class UnifiedScheduler(Scheduler):
             if all_decode and not hybrid and batch_decode is False:
                 continue  # step 2 for every candidate: decodes do not join a prefill batch
             if unsettled and all_decode and st.free_blocks < len(group):
-                _settle(unsettled, st, in_batch, kv)  # the test below needs the exact count
+                settle(unsettled, st, in_batch, kv)  # the test below needs the exact count
             if (
                 all_decode
                 and group
@@ -395,14 +414,14 @@ class UnifiedScheduler(Scheduler):
                         st.free_blocks += need  # it was counted as promised
                 margin = watermark if joining else 0
                 if unsettled and need + margin > st.free_blocks:
-                    _settle(unsettled, st, in_batch, kv)  # short by the bound: count exactly
+                    settle(unsettled, st, in_batch, kv)  # short by the bound: count exactly
                 # step 4: evict lower-ranked running requests while M is short, but only
                 # when evicting them all would make room (no eviction for nothing)
                 if need + margin > st.free_blocks:
                     may_evict = can_evict and (not joining or cfg.evict_for_waiting)
                     if may_evict:
                         if victims is None:
-                            victims = _Victims(view, rank_key)
+                            victims = Victims(view, rank_key)
                         room = st.free_blocks + victims.capacity(cand, in_batch, st, kv)
                         while need + margin > st.free_blocks and room >= need + margin:
                             victim = victims.pick(cand, in_batch, st.gone)
@@ -460,7 +479,7 @@ class UnifiedScheduler(Scheduler):
             tuple(batch), tuple(st.preempt), tuple(swap_in), repeatable, repeat_reserve
         )
 
-    def _evict(self, victim: Request, kv: KVCacheManager, st: _State) -> None:
+    def _evict(self, victim: Request, kv: KVCacheManager, st: State) -> None:
         mode = self._config.preemption_mode
         blocks = kv.num_request_blocks(victim.req_id)
         if st.cpu_free < 0:  # read at the first eviction (the tier does not change here)
@@ -483,18 +502,6 @@ class UnifiedScheduler(Scheduler):
         return -(-tokens // view.limits.block_size)
 
 
-def _settle(
-    unsettled: list[Sequence[Request]], st: _State, in_batch: set[int], kv: KVCacheManager
-) -> None:
-    """Charge the whole decode groups taken so far their exact blocks (one each was
-    charged) and add their ids to the batch's."""
-    for g in unsettled:
-        ids = [r.req_id for r in g]
-        st.free_blocks += len(ids) - kv.decode_blocks_needed(ids)
-        in_batch.update(ids)
-    unsettled.clear()
-
-
 def _filling(view: InstanceView) -> list[Request]:
     """The running requests part-way through a (re)fill, in arrival order: from the
     engine's small superset (:attr:`InstanceView.filling`) when it keeps one, else from
@@ -511,16 +518,17 @@ def _filling(view: InstanceView) -> list[Request]:
         return []
     me = view.instance_id
     RUNNING = RequestStatus.RUNNING
-    found = [
-        r
-        for r in src
-        if r.status is RUNNING
-        and r.instance_id == me
-        and (
-            r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
-            or not r.num_output_tokens
-        )
-    ]
+    found: list[Request] = []
+    for r in src:  # (one or two: a loop, no comprehension's frame, at every decision)
+        if (
+            r.status is RUNNING
+            and r.instance_id == me
+            and (
+                r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens != 1
+                or not r.num_output_tokens
+            )
+        ):
+            found.append(r)
     if len(found) > 1:
         found.sort(key=_ARRIVAL)  # the order of the running list
     return found
@@ -531,55 +539,3 @@ _ARRIVAL = attrgetter("arrival", "req_id")
 
 def _arrival_rank(r: Request) -> tuple[float, float, int]:
     return (r.arrival, 0.0, r.req_id)
-
-
-class _State:
-    """What GetNextBatch has used up so far in this call (a plain slotted class: one is
-    built per decision, and a dataclass's default factories cost more than its work)."""
-
-    __slots__ = ("cpu_free", "free_blocks", "gone", "n_running", "preempt", "promised")
-
-    def __init__(self, free_blocks: int, n_running: int, promised: dict[int, int]) -> None:
-        self.free_blocks = free_blocks
-        self.n_running = n_running
-        self.promised = promised
-        self.cpu_free = -1
-        """Free blocks of the CPU tier, read at the first eviction (-1: not yet)."""
-        self.preempt: list[tuple[Request, PreemptionMode]] = []
-        self.gone: set[int] = set()
-
-
-class _Victims:
-    """Running requests from the lowest rank up, sorted only if an eviction is needed.
-
-    A victim always ranks below the candidate (no priority inversion): when none does, a
-    running candidate evicts itself, as vLLM does.
-    """
-
-    def __init__(
-        self, view: InstanceView, rank_key: Callable[[Request], tuple[float, float, int]]
-    ) -> None:
-        self.view = view
-        self.rank_key = rank_key
-        self._order: list[Request] | None = None
-
-    def _eligible(self, cand: Request, in_batch: set[int], gone: set[int]) -> Iterator[Request]:
-        if self._order is None:
-            self._order = sorted(self.view.running, key=self.rank_key, reverse=True)
-        cand_rank = self.rank_key(cand)
-        for v in self._order:
-            if v.req_id in gone or v.req_id in in_batch or v is cand:
-                continue
-            if self.rank_key(v) <= cand_rank:
-                return  # everything left ranks above the candidate
-            yield v
-
-    def pick(self, cand: Request, in_batch: set[int], gone: set[int]) -> Request | None:
-        return next(self._eligible(cand, in_batch, gone), None)
-
-    def capacity(self, cand: Request, in_batch: set[int], st: _State, kv: KVCacheManager) -> int:
-        """Blocks that evicting every eligible victim would free."""
-        return sum(
-            kv.num_request_blocks(v.req_id) + st.promised.get(v.req_id, 0)
-            for v in self._eligible(cand, in_batch, st.gone)
-        )
