@@ -107,6 +107,7 @@ def test_units_hit_and_released_again_are_the_newest_in_the_lru_order(
     # The LRU list keeps a unit's old entry when it is hit (stale, skipped by eviction);
     # released again, the unit is the newest. compact=0 drops consumed entries every time.
     monkeypatch.setattr(prefix_cache, "_COMPACT", compact)
+    monkeypatch.setattr(prefix_cache, "_CONSUMED", compact)
     kv = mgr(blocks=8)
     for rid, ids in ((1, (1, 2)), (2, (3, 4))):
         kv.lookup_prefix(rq(rid, ids, 17))
@@ -337,6 +338,7 @@ def test_long_random_operation_sequences_keep_the_invariants(
     # shared, orphaned, re-released and evicted units all at once; compact=1 renumbers and
     # drops LRU entries at nearly every chance.
     monkeypatch.setattr(prefix_cache, "_COMPACT", compact)
+    monkeypatch.setattr(prefix_cache, "_CONSUMED", compact)
     rng = random.Random(17)
     reached = {"evicted": 0, "cached": 0, "shared": 0}
     for _ in range(150):
