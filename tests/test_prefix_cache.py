@@ -330,6 +330,21 @@ def test_blocks_are_conserved_and_counts_never_negative(
         assert free + kv.num_cached_blocks + len(in_use) == kv.num_blocks
 
 
+def test_entries_eviction_consumed_do_not_pile_up() -> None:
+    # Each request caches two units and releases them; the next one evicts them. Consumed
+    # LRU entries (and the segments they keep alive) are dropped once they are more than
+    # _CONSUMED and half the list, not kept for thousands of evictions (collector load).
+    kv = mgr(blocks=4)
+    for rid in range(2000):
+        kv.lookup_prefix(rq(rid, (rid, rid), 17))
+        assert grow(kv, rid, 16)  # evicts the previous request's two units
+        kv.free(rid)
+        assert kv._lru_head <= prefix_cache._CONSUMED + 1
+        assert len(kv._lru) <= 2 * (prefix_cache._CONSUMED + 1)
+    kv.check_invariants()
+    assert kv.evicted_units == 2 * 1999 and kv.num_cached_blocks == 4
+
+
 @pytest.mark.parametrize("compact", [4096, 1])
 def test_long_random_operation_sequences_keep_the_invariants(
     compact: int, monkeypatch: pytest.MonkeyPatch
