@@ -11,6 +11,10 @@ without changing the run:
   same call asked again with the waiting queue hidden), and of those how many have
   middle chunks (``with_middle``: a chain stopping before the final chunk could skip a
   decision only for them);
+* for the refused joins with middle chunks, whether the replica's next decision is the
+  same batch again, repeatable (``middle_same``: the first middle chunk, as a chain
+  through the middle chunks would have run it) or not (``middle_differs``: an arrival
+  or an end came first, or the policy answered otherwise);
 * for those prompts, the decision that runs their final chunk: whether the policy's batch
   is what the chain would have run (its decodes and the prompt's rest: ``final_same``) or
   admits a waiting request into the final chunk's spare prefill budget
@@ -53,8 +57,12 @@ def count(router: str, caching: bool) -> dict[str, Any]:
         "final_joined": 0,
         "final_other": 0,
         "cut": 0,
+        "middle_same": 0,
+        "middle_differs": 0,
     }
     tracked: dict[int, Instance] = {}  # request -> its replica, until its final chunk
+    # A refused join with middle chunks: its replica -> the batch its middle chunks repeat.
+    joins: dict[int, tuple[Any, int]] = {}
     eligible, join, plan_run, apply = (
         chunk_run.eligible,
         chunk_run.chain_join,
@@ -87,6 +95,8 @@ def count(router: str, caching: bool) -> dict[str, Any]:
             n["refused_waiting_join"] += 1
             n["with_middle"] += final.middle > 1  # (a joining chunk, then middle ones)
             tracked[final.req.req_id] = inst
+            if final.middle > 1:
+                joins[inst.instance_id] = (out.batch, final.req.req_id)
 
     def probe_plan(inst: Instance, out: Any, now: float, cont: Any = None) -> Any:
         run = plan_run(inst, out, now, cont)
@@ -103,6 +113,14 @@ def count(router: str, caching: bool) -> dict[str, Any]:
 
     def counted_apply(self: Instance, out: Any, now: float) -> Any:
         n["decisions"] += 1
+        joined = joins.pop(self.instance_id, None)
+        if joined is not None:  # the decision after a refused join: its first middle chunk?
+            same = (
+                out.repeatable
+                and not out.preempt
+                and [(r.req_id, k) for r, k in out.batch] == [(r.req_id, k) for r, k in joined[0]]
+            )
+            n["middle_same" if same else "middle_differs"] += 1
         if tracked:
             for r, k in out.batch:
                 if r.req_id in tracked and k == r.num_prompt_tokens - r.num_computed_tokens:
