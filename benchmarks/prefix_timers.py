@@ -8,6 +8,8 @@ conversation trace, FAST '25, Apache-2.0, read from ``../shared/traces/``; 16 re
 caching off and on alternately after one untimed warm-up, the run with the least CPU time
 of ``--repeat`` kept for each. Prints one row per function, largest on-minus-off first.
 The simulation is unchanged (the wrappers only count and time).
+Needs the pure-Python install: in the compiled build (``SLOSERVE_COMPILE=1``) the
+engine's modules call each other directly and the wrappers see nothing.
 
     python benchmarks/prefix_timers.py [--router round-robin] [--repeat 2]
 """

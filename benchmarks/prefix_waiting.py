@@ -21,7 +21,9 @@ without changing the run:
   (``final_joined``), or an arrival reached the replica first (``cut``: the chain would
   have been dropped there anyway).
 
-Counting only, no timing; the summary's SHA-256 is printed so that a run can be checked
+Needs the pure-Python install: in the compiled build (``SLOSERVE_COMPILE=1``) the
+engine's modules call each other directly and the wrappers see nothing. Counting only,
+no timing; the summary's SHA-256 is printed so that a run can be checked
 unchanged by the counting.
 
     python benchmarks/prefix_waiting.py [--routers prefix-affinity round-robin]
