@@ -107,6 +107,7 @@ def test_units_hit_and_released_again_are_the_newest_in_the_lru_order(
     # The LRU list keeps a unit's old entry when it is hit (stale, skipped by eviction);
     # released again, the unit is the newest. compact=0 drops consumed entries every time.
     monkeypatch.setattr(prefix_cache, "_COMPACT", compact)
+    monkeypatch.setattr(prefix_cache, "_CONSUMED", compact)
     kv = mgr(blocks=8)
     for rid, ids in ((1, (1, 2)), (2, (3, 4))):
         kv.lookup_prefix(rq(rid, ids, 17))
@@ -329,6 +330,21 @@ def test_blocks_are_conserved_and_counts_never_negative(
         assert free + kv.num_cached_blocks + len(in_use) == kv.num_blocks
 
 
+def test_entries_eviction_consumed_do_not_pile_up() -> None:
+    # Each request caches two units and releases them; the next one evicts them. Consumed
+    # LRU entries (and the segments they keep alive) are dropped once they are more than
+    # _CONSUMED and half the list, not kept for thousands of evictions (collector load).
+    kv = mgr(blocks=4)
+    for rid in range(2000):
+        kv.lookup_prefix(rq(rid, (rid, rid), 17))
+        assert grow(kv, rid, 16)  # evicts the previous request's two units
+        kv.free(rid)
+        assert kv._lru_head <= prefix_cache._CONSUMED + 1
+        assert len(kv._lru) <= 2 * (prefix_cache._CONSUMED + 1)
+    kv.check_invariants()
+    assert kv.evicted_units == 2 * 1999 and kv.num_cached_blocks == 4
+
+
 @pytest.mark.parametrize("compact", [4096, 1])
 def test_long_random_operation_sequences_keep_the_invariants(
     compact: int, monkeypatch: pytest.MonkeyPatch
@@ -337,6 +353,7 @@ def test_long_random_operation_sequences_keep_the_invariants(
     # shared, orphaned, re-released and evicted units all at once; compact=1 renumbers and
     # drops LRU entries at nearly every chance.
     monkeypatch.setattr(prefix_cache, "_COMPACT", compact)
+    monkeypatch.setattr(prefix_cache, "_CONSUMED", compact)
     rng = random.Random(17)
     reached = {"evicted": 0, "cached": 0, "shared": 0}
     for _ in range(150):
