@@ -21,9 +21,10 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
+
+from call_timers import wrap
 
 from sloserve.cluster import cluster as cluster_mod
 from sloserve.engine import checks, chunk_run, continuation, fastpath, filling
@@ -35,22 +36,7 @@ _STATS: dict[str, list[int]] = {}
 
 
 def _wrap(owner: Any, name: str, label: str) -> Callable[..., Any]:
-    """Replace ``owner.name`` by a timed wrapper (returned, for modules that imported the
-    function by name)."""
-    real = getattr(owner, name)
-    acc = _STATS.setdefault(label, [0, 0])
-    clock = time.perf_counter_ns
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t = clock()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            acc[0] += clock() - t
-            acc[1] += 1
-
-    setattr(owner, name, timed)
-    return timed
+    return wrap(_STATS, owner, name, label)
 
 
 def _install() -> None:

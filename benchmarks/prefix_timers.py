@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from call_timers import wrap
 from prefix_caching import CONV, config
 
 _STATS: dict[str, list[int]] = {}
@@ -36,20 +37,7 @@ _KV_METHODS = ("allocate", "free", "grow_many", "shrink_many", "lookup_prefix", 
 
 
 def _wrap(owner: Any, name: str, label: str) -> Callable[..., Any]:
-    real = owner.__dict__[name]
-    acc = _STATS.setdefault(label, [0, 0])
-    clock = time.perf_counter_ns
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t = clock()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            acc[0] += clock() - t
-            acc[1] += 1
-
-    setattr(owner, name, timed)
-    return timed
+    return wrap(_STATS, owner, name, label, own=True)
 
 
 def _install() -> None:
