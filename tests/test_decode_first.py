@@ -98,8 +98,9 @@ setups = st.fixed_dictionaries(
         "evict_for_waiting": st.booleans(),
         "evict": st.booleans(),
         "M": st.integers(40, 600),
-        "C": st.integers(130, 256),
-        "P": st.integers(4, 130),
+        # C below P as well as above, and the preset's own P (None: sarathi-p=c's P = C).
+        "C": st.integers(16, 256),
+        "P": st.one_of(st.none(), st.integers(4, 300)),
         "R_max": st.integers(1, 8),
         "block_size": st.sampled_from([1, 4, 16]),
         "cut": st.booleans(),

@@ -172,7 +172,8 @@ class PrefixCachingKVManager(PagedKVManager):
     @property
     def hit_log(self) -> list[tuple[float, int, int]]:
         """One (time, tokens looked up, hit tokens) triple per lookup, in order (a release
-        of hits never used: negative hit tokens), for the hit rate over time."""
+        of hits never used: negative hit tokens), for the hit rate over time. A fresh,
+        read-only copy built on each read (the log is kept flat)."""
         h = self._hits
         return list(zip(h[0::3], map(int, h[1::3]), map(int, h[2::3]), strict=True))
 
