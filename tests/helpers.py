@@ -50,6 +50,25 @@ def make_instance(
     )
 
 
+def make_drawn_instance(
+    policy: str, setup: dict[str, Any], cost: CostModel, params: dict[str, Any], **kw: Any
+) -> Instance:
+    """:func:`make_instance` from a hypothesis-drawn ``setup`` (keys M, C, P, R_max,
+    block_size), with a 64-block CPU tier: the shape the fast-path property tests share."""
+    return make_instance(
+        policy,
+        cost=cost,
+        M=setup["M"],
+        C=setup["C"],
+        P=setup["P"],
+        R_max=setup["R_max"],
+        block_size=setup["block_size"],
+        cpu_blocks=64,
+        params=params,
+        **kw,
+    )
+
+
 def run(inst: Instance, reqs: Sequence[Request]) -> Instance:
     """Feed the requests at their arrival times and run to completion."""
     for r in reqs:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from helpers import (
     count_schedule_calls,
     drive,
+    make_drawn_instance,
     make_instance,
     outcome,
     req,
@@ -46,18 +47,7 @@ def _simulate(
         "preemption_mode": setup["mode"],
     }
     cost = small_linear_cost() if setup["cost"] == "linear" else ConstantCostModel(0.01)
-    inst = make_instance(
-        "sarathi",
-        cost=cost,
-        M=setup["M"],
-        C=setup["C"],
-        P=setup["P"],
-        R_max=setup["R_max"],
-        block_size=setup["block_size"],
-        cpu_blocks=64,
-        params=params,
-        multi_step=multi_step,
-    )
+    inst = make_drawn_instance("sarathi", setup, cost, params, multi_step=multi_step)
     if not final:
         inst.scheduler.repeats_final_chunk = False
     if not join:

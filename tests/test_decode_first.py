@@ -14,7 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import drive, make_instance, outcome, req, small_linear_cost, times
+from helpers import (
+    drive,
+    make_drawn_instance,
+    outcome,
+    req,
+    small_linear_cost,
+    times,
+)
 from sloserve.core.errors import StallError
 from sloserve.core.request import Request
 from sloserve.engine.interface import InstanceView, SchedulerOutput
@@ -64,17 +71,7 @@ def _simulate(setup: dict[str, Any], spec: list[tuple[float, int, int]], *, fast
         "evict_for_waiting": setup["evict_for_waiting"],
         "evict": setup["evict"],
     }
-    inst = make_instance(
-        setup["policy"],
-        cost=small_linear_cost(),
-        M=setup["M"],
-        C=setup["C"],
-        P=setup["P"],
-        R_max=setup["R_max"],
-        block_size=setup["block_size"],
-        cpu_blocks=64,
-        params=params,
-    )
+    inst = make_drawn_instance(setup["policy"], setup, small_linear_cost(), params)
     sched = inst.scheduler
     assert isinstance(sched, UnifiedScheduler) and sched._decode_first
     sched._decode_first = fast

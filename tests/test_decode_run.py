@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from helpers import (
     count_schedule_calls,
     drive,
+    make_drawn_instance,
     make_instance,
     outcome,
     req,
@@ -49,16 +50,11 @@ def _simulate(
     answer compared with the promised one)."""
     params = {"watermark": setup["watermark"], "preemption_mode": setup["mode"]}
     cost = small_linear_cost() if setup["cost"] == "linear" else ConstantCostModel(0.01)
-    inst = make_instance(
+    inst = make_drawn_instance(
         setup["policy"],
-        cost=cost,
-        M=setup["M"],
-        C=setup["C"],
-        P=setup["P"],
-        R_max=setup["R_max"],
-        block_size=setup["block_size"],
-        cpu_blocks=64,
-        params=params,
+        setup,
+        cost,
+        params,
         multi_step=multi_step,
     )
     inst.debug_checks = checks
