@@ -27,7 +27,7 @@ from typing import Any
 from call_timers import wrap
 
 from sloserve.cluster import cluster as cluster_mod
-from sloserve.engine import checks, chunk_run, continuation, fastpath, filling
+from sloserve.engine import checks, chunk_run, continuation, fastpath, filling, retire
 from sloserve.engine import instance as instance_mod
 from sloserve.engine import kv as kv_mod
 from sloserve.policies.infermax import unified
@@ -44,7 +44,7 @@ def _install() -> None:
     _wrap(cluster_mod.Cluster, "_route", "Cluster._route (arrival)")
     _wrap(inst, "interrupt", "Instance.interrupt")
     _wrap(inst, "_apply", "Instance._apply")
-    _wrap(inst, "_retire", "Instance._retire")
+    _wrap(retire, "retire", "retire.retire")
     _wrap(inst, "_record", "Instance._record")
     _wrap(unified.UnifiedScheduler, "schedule", "UnifiedScheduler.schedule")
     # Imported by name into instance.py: rebound there too.

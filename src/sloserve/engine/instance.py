@@ -506,7 +506,7 @@ class Instance:
             chunk_run.advance(self, pending)  # the join or the middle iterations ended
             return
         self._pending = None
-        self._retire(pending, len(pending.ends))
+        retire.retire(self, pending, len(pending.ends))  # (the step loop: no method hop)
         if self._abort_after:
             aborts, self._abort_after = self._abort_after, []
             for r in aborts:
@@ -515,8 +515,9 @@ class Instance:
 
     def _retire(self, pending: _Pending, k: int) -> None:
         """Deliver the first ``k`` iterations of a pending batch: tokens, finishes
-        (:func:`~sloserve.engine.retire.retire`). A method, not the function bound as a
-        class attribute: a class compiled by mypyc (the compiled build) cannot bind one."""
+        (:func:`~sloserve.engine.retire.retire`), for the teardown paths, which cannot
+        import that module (it imports them). A method, not the function bound as a class
+        attribute: a class compiled by mypyc (the compiled build) cannot bind one."""
         retire.retire(self, pending, k)
 
     # ------------------------------------------------------------------ teardown

@@ -116,7 +116,7 @@ class SchedulerOutput:
         if type(self.swap_in) is not tuple:
             object.__setattr__(self, "swap_in", tuple(self.swap_in))
         preempt = self.preempt
-        if type(preempt) is not tuple or any(type(p) is not tuple for p in preempt):
+        if type(preempt) is not tuple or (preempt and any(type(p) is not tuple for p in preempt)):
             object.__setattr__(self, "preempt", tuple(tuple(p) for p in preempt))
 
     @property
