@@ -116,6 +116,19 @@ def count_schedule_calls(sched: Scheduler) -> list[int]:
     return calls
 
 
+def router_probe(inst: Instance, seen: list[tuple[float, int, float, int]]) -> Callable[[], None]:
+    """A ``probe`` for :func:`drive`: appends what a router reads mid-run (the time, the KV
+    blocks as if the run were cut now, busy-until, live requests) to ``seen``."""
+    from sloserve.engine import fastpath
+
+    env = inst.env
+
+    def probe() -> None:
+        seen.append((env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live))
+
+    return probe
+
+
 def drive(
     inst: Instance,
     reqs: Sequence[Request],

@@ -20,11 +20,12 @@ from helpers import (
     make_instance,
     outcome,
     req,
+    router_probe,
     small_linear_cost,
     times,
 )
 from sloserve.costmodel.base import ConstantCostModel
-from sloserve.engine import chunk_run, fastpath
+from sloserve.engine import chunk_run
 from sloserve.engine.instance import Instance
 
 
@@ -53,19 +54,14 @@ def _simulate(
     if not join:
         inst.scheduler.repeats_joined_chunk = False
     decisions = count_schedule_calls(inst.scheduler)
-    env = inst.env
     reqs = [req(i, a, p, o) for i, (a, p, o) in enumerate(sorted(spec))]
     seen: list[tuple[float, int, float, int]] = []
-
-    def probe() -> None:  # what a router reads mid-run
-        seen.append((env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live))
-
     drive(
         inst,
         reqs,
         cut=setup["cut"],
         horizon=setup["horizon"],
-        probe=probe,
+        probe=router_probe(inst, seen),
         probes=probes,
         aborts=aborts,
     )

@@ -22,13 +22,14 @@ from helpers import (
     make_instance,
     outcome,
     req,
+    router_probe,
     small_linear_cost,
     times,
 )
 from sloserve.core.errors import SchedulerViolation
 from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import ConstantCostModel
-from sloserve.engine import decode_run, fastpath
+from sloserve.engine import decode_run
 from sloserve.engine.env import PRIO_ARRIVAL
 from sloserve.engine.instance import Instance
 from sloserve.engine.interface import InstanceView, SchedulerOutput
@@ -67,16 +68,12 @@ def _simulate(
     done_at: dict[int, float] = {}
     inst.on_done = lambda r: done_at.setdefault(r.req_id, env.now)
     seen: list[tuple[float, int, float, int]] = []
-
-    def probe() -> None:  # what a router reads mid-run
-        seen.append((env.now, fastpath.kv_blocks_at(inst, env.now), inst.busy_until, inst.num_live))
-
     drive(
         inst,
         reqs,
         cut=setup["cut"],
         horizon=setup["horizon"],
-        probe=probe,
+        probe=router_probe(inst, seen),
         probes=probes,
         aborts=aborts,
     )
@@ -350,14 +347,7 @@ def test_promised_decode_runs_with_prefix_caching(
             env, sched, small_linear_cost(), Limits(256, 256, blocks * 4, 4, 4),
             make_predictor("oracle"), kv=kv, cpu_swap_blocks=16,
         )  # fmt: skip
-        calls = [0]
-        schedule = sched.schedule
-
-        def counted(view: Any) -> Any:
-            calls[0] += 1
-            return schedule(view)
-
-        sched.schedule = counted  # type: ignore[method-assign]
+        calls = count_schedule_calls(sched)
         reqs = [Request(i, a, p, o, hash_ids=tuple(h)) for i, (a, p, o, h) in enumerate(spec)]
         for r in reqs:
             env.schedule(r.arrival, lambda r=r: inst.add_request(r), PRIO_ARRIVAL)
