@@ -18,8 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from setuptools import build_meta as _setuptools
@@ -39,23 +38,17 @@ def compiling() -> bool:
     return os.environ.get(_VAR, "").strip() == "1"
 
 
-@contextmanager
-def _pure() -> Iterator[None]:
+def _in_pure(hook: Callable[..., T], *args: Any) -> T:
     """Run a setuptools hook with compiling off, then restore the variable."""
     old = os.environ.get(_VAR)
     os.environ[_VAR] = "0"
     try:
-        yield
+        return hook(*args)
     finally:
         if old is None:
             del os.environ[_VAR]
         else:
             os.environ[_VAR] = old
-
-
-def _in_pure(hook: Callable[..., T], *args: Any) -> T:
-    with _pure():
-        return hook(*args)
 
 
 def get_requires_for_build_wheel(config_settings: dict[str, Any] | None = None) -> list[str]:

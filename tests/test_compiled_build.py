@@ -34,26 +34,13 @@ def _compiled_paths() -> list[str]:
     raise AssertionError("setup.py has no COMPILED list")
 
 
-def _open_to_subclasses(cls: ast.ClassDef) -> bool:
-    for dec in cls.decorator_list:
-        if (
-            isinstance(dec, ast.Call)
-            and getattr(dec.func, "id", getattr(dec.func, "attr", "")) == "mypyc_attr"
-        ):
-            kws = {k.arg: k.value for k in dec.keywords}
-            flag = kws.get("allow_interpreted_subclasses") or kws.get("native_class")
-            if isinstance(flag, ast.Constant):
-                return bool(flag.value) != ("native_class" in kws)
-    return False
-
-
 def _closed_classes() -> dict[str, str]:
-    """Classes of the compiled modules that Python code may not subclass: name → module."""
+    """Classes of the compiled modules (Python code may not subclass them): name → module."""
     closed: dict[str, str] = {}
     for rel in _compiled_paths():
         tree = ast.parse((SRC / rel).read_text())
         for node in tree.body:
-            if isinstance(node, ast.ClassDef) and not _open_to_subclasses(node):
+            if isinstance(node, ast.ClassDef):
                 closed[node.name] = rel
     return closed
 
