@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from sloserve.cluster.prefix_routing import PrefixRouter
 from sloserve.cluster.replica import SimReplicaView
-from sloserve.cluster.routing import make_router
+from sloserve.cluster.routing import make_router, route_explained
 from sloserve.cluster.view import (
     ClusterView,
     ReplicaView,
@@ -73,6 +74,21 @@ def test_the_prefix_scorers_costs_at_once_equal_those_one_by_one() -> None:
             router.route(req, ClusterView(views))  # records index entries (approximate)
             one = [prefix.fn(req, v) for v in views]
             assert prefix.many(req, views) == one
+
+
+def test_decisions_and_their_explanations_are_those_of_the_scorer_one_by_one() -> None:
+    # The same router with its prefix scorer's ``many`` dropped asks one view at a time:
+    # every decision, its normalised scores and totals (decision tracing) are equal.
+    batched, single = make_router("prefix-load"), make_router("prefix-load")
+    assert isinstance(single, PrefixRouter)
+    single.scorers[0] = dataclasses.replace(single.scorers[0], many=None)
+    views = ClusterView(
+        [StaticReplica(i, outstanding=(3 * i) % 5, cached_tokens=512 * i) for i in range(5)]
+    )
+    for k in range(6):
+        req = rr(prompt=512 * (k + 1)) if k % 3 else rr(None)
+        assert route_explained(batched, req, views) == route_explained(single, req, views)
+        assert batched.route(req, views) == single.route(req, views)
 
 
 def test_plain_managers_and_missing_engines_have_nothing_cached() -> None:
