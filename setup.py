@@ -27,6 +27,8 @@ COMPILED = [
     "sloserve/engine/fastpath.py",
     "sloserve/engine/filling.py",
     "sloserve/engine/instance.py",
+    "sloserve/engine/prefix_keys.py",
+    "sloserve/engine/prefix_peek.py",
     "sloserve/engine/retire.py",
     "sloserve/engine/teardown.py",
     "sloserve/engine/thrash.py",

@@ -50,6 +50,19 @@ def _install() -> None:
 
     inst = instance_mod.Instance
     _wrap(cluster_mod.Cluster, "_route", "Cluster._route")
+    # A prefix router's peeks: one call a decision for every candidate (or, on a tree
+    # before that, one a candidate).
+    from sloserve.cluster.prefix_routing import PrefixRouter
+    from sloserve.cluster.replica import SimReplicaView
+
+    for owner, n in (
+        (SimReplicaView, "cached_prefix_tokens_many"),
+        (SimReplicaView, "cached_prefix_tokens"),
+        (PrefixRouter, "_miss_fractions"),
+        (PrefixRouter, "_miss_fraction"),
+    ):
+        if n in owner.__dict__:
+            _wrap(owner, n, f"{owner.__name__}.{n}")
     for n in ("_iterate", "_apply", "_complete", "interrupt", "add_request", "_record", "_done"):
         _wrap(inst, n, "Instance." + n)
     _wrap(unified.UnifiedScheduler, "schedule", "UnifiedScheduler.schedule")

@@ -22,6 +22,7 @@ from sloserve.engine.instance import Instance
 from sloserve.engine.interface import Limits
 from sloserve.engine.kv import KVInvariantError
 from sloserve.engine.prefix_cache import PrefixCachingKVManager, unit_keys
+from sloserve.engine.prefix_peek import peek_many
 from sloserve.policies.registry import make_policy
 
 
@@ -294,6 +295,9 @@ def _peeks_match_the_cached_units(kv: PrefixCachingKVManager, ids: tuple[int, ..
             while p < len(keys) and keys[p] in kv._host:
                 p += 1
             assert kv.peek_prefix(asked, prompt) == p * kv.unit_tokens
+            # A router's peek at many replicas at once answers the same, per manager.
+            want = p * kv.unit_tokens
+            assert peek_many([kv, None, kv], asked, prompt) == [want, 0, want]
 
 
 @settings(max_examples=80, deadline=None)

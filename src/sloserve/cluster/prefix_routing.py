@@ -64,7 +64,13 @@ from sloserve.cluster.routing import (
     outstanding_score,
     register_router,
 )
-from sloserve.cluster.view import ClusterView, ReplicaStatus, ReplicaView, RouteRequest
+from sloserve.cluster.view import (
+    ClusterView,
+    ReplicaStatus,
+    ReplicaView,
+    RouteRequest,
+    cached_prefix_tokens_all,
+)
 from sloserve.core.errors import ConfigError
 
 TEXT_CHUNK_CHARS = 256
@@ -144,7 +150,7 @@ class PrefixRouter(PipelineRouter):
         # decision did: ~0.07 s a run on 16 replicas of the Mooncake trace, for entries
         # never read when every view answers).
         self._blind: set[int] = set()
-        prefix = Scorer("prefix", self._miss_fraction, prefix_weight)
+        prefix = Scorer("prefix", self._miss_fraction, prefix_weight, self._miss_fractions)
         super().__init__(name, [], [prefix, *scorers], lowest_pick(), reads_progress=reads_progress)
 
     def _chain_of(self, req: RouteRequest) -> list[int]:
@@ -164,6 +170,25 @@ class PrefixRouter(PipelineRouter):
         self._blind.add(r.replica_id)
         keys = self._chain_of(req)
         return 1.0 - self.index.matched(r.replica_id, keys) / len(keys)
+
+    def _miss_fractions(self, req: RouteRequest, cand: Sequence[ReplicaView]) -> list[float]:
+        """:meth:`_miss_fraction` of every candidate, the replicas asked at once
+        (:func:`~sloserve.cluster.view.cached_prefix_tokens_all`: one pass over the
+        simulated replicas' caches instead of a call per replica)."""
+        if not req.hash_ids:
+            return [1.0] * len(cand)
+        if not self._exact:
+            return [self._miss_fraction(req, r) for r in cand]
+        prompt = req.prompt_tokens
+        out = []
+        for r, cached in zip(cand, cached_prefix_tokens_all(req, cand), strict=True):
+            if cached is None:  # as _miss_fraction does for a view that answers None
+                self._blind.add(r.replica_id)
+                keys = self._chain_of(req)
+                out.append(1.0 - self.index.matched(r.replica_id, keys) / len(keys))
+            else:
+                out.append(1.0 - (cached if cached < prompt else prompt) / prompt)
+        return out
 
     def route(
         self, req: RouteRequest, view: ClusterView, explain: dict[str, Any] | None = None

@@ -18,7 +18,7 @@ of a replica; it computes on access, so replicas no router asks about cost nothi
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +28,7 @@ from sloserve.core.request import Request, RequestStatus
 from sloserve.costmodel.base import BatchStats
 from sloserve.engine.fastpath import kv_blocks_at
 from sloserve.engine.instance import Instance
+from sloserve.engine.prefix_peek import peek_many
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +217,21 @@ class SimReplicaView:
         if inst is None or not req.hash_ids:
             return 0
         return inst.kv.peek_prefix(req.hash_ids, req.prompt_tokens)
+
+    @staticmethod
+    def cached_prefix_tokens_many(
+        req: RouteRequest, views: Sequence[SimReplicaView]
+    ) -> Sequence[int | None]:
+        """:meth:`cached_prefix_tokens` of each of ``views`` (all of this class), in one
+        pass over their caches (``view.cached_prefix_tokens_all``, ``engine/prefix_peek.py``):
+        a prefix router asks every candidate at every arrival."""
+        if not req.hash_ids:
+            return [0] * len(views)
+        kvs = []
+        for v in views:
+            inst = v._r.instance
+            kvs.append(None if inst is None else inst.kv)
+        return peek_many(kvs, tuple(req.hash_ids), req.prompt_tokens)
 
     def predicted_ttft_s(self, req: RouteRequest) -> float | None:
         inst = self._r.instance

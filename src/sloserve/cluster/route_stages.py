@@ -24,6 +24,8 @@ ScoreFn = Callable[[RouteRequest, ReplicaView], float]
 """A candidate's raw cost for the request (lower is better), in any unit."""
 Picker = Callable[[list[ReplicaView], list[float]], ReplicaView]
 """Chooses one candidate given the weighted normalised scores (same order)."""
+ScoreManyFn = Callable[[RouteRequest, Sequence[ReplicaView]], list[float]]
+"""Every candidate's raw cost at once (the costs ``fn`` gives one by one, in order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,18 @@ class Scorer:
     name: str
     fn: ScoreFn
     weight: float = 1.0
+    many: ScoreManyFn | None = None
+    """Optional: the same costs for all candidates in one call, which the pipeline then
+    uses instead of ``fn`` (a scorer whose answer shares work across candidates: the
+    prefix scorer's, one pass over every replica's cache a decision)."""
+
+
+def raw_costs(req: RouteRequest, cand: Sequence[ReplicaView], s: Scorer) -> list[float]:
+    """The scorer's raw cost of each candidate, in order."""
+    if s.many is not None:
+        return s.many(req, cand)
+    fn = s.fn
+    return [float(fn(req, r)) for r in cand]
 
 
 # ------------------------------------------------------------------------------ filters
@@ -126,8 +140,7 @@ def normalised_scores(
     score per candidate (all 0 for a scorer that does not decide)."""
     total = [0.0] * len(cand)
     for s in scorers:
-        fn = s.fn
-        raw = [float(fn(req, r)) for r in cand]
+        raw = raw_costs(req, cand, s)
         t = sum(raw)
         if t - t == 0.0:  # every cost finite (an inf or a nan makes the sum non-finite)
             # The common case, once over the costs (a router scores every arrival): the
@@ -205,8 +218,7 @@ def one_scorer_lowest(
     normalising then picking: the lowest total is 0 (at the lowest cost), so the tied
     candidates are those whose ``weight · (cost − lo) / span`` is at most 1e-12 (the very
     expression the total holds), or all of them when every cost is equal."""
-    fn = s.fn
-    raw = [float(fn(req, r)) for r in cand]
+    raw = raw_costs(req, cand, s)
     t = sum(raw)
     if t - t != 0.0:  # an inf or a nan: the general path
         return None

@@ -130,7 +130,11 @@ class ReplicaView(Protocol):
         A replica answers None always or never: the prefix routers record their own index
         of a replica only while it answers None (``cluster/prefix_routing.py``), so an
         answer that lapses to None would find that index missing what it routed there
-        while it answered."""
+        while it answered.
+
+        A view class may also answer for many of its views at once, with a static
+        ``cached_prefix_tokens_many(req, views) -> Sequence[int | None]`` (the same answers,
+        in order): :func:`cached_prefix_tokens_all` then asks it once a decision."""
         ...
 
 
@@ -160,6 +164,30 @@ class StaticReplica:
 
     def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
         return self.cached_tokens
+
+
+def cached_prefix_tokens_all(
+    req: RouteRequest, cand: Sequence[ReplicaView]
+) -> Sequence[int | None]:
+    """Every candidate's :meth:`ReplicaView.cached_prefix_tokens` for ``req``, in order: one
+    call a routing decision instead of one a candidate. When the candidates are all views
+    of one class that defines ``cached_prefix_tokens_many`` (the simulated replicas': one
+    pass over their caches that computes the prompt's keys once, ``engine/prefix_peek.py``)
+    that class answers for all of them; otherwise each view is asked (the gateway's
+    upstreams answer None: a prefix router then reads its own index)."""
+    if not cand:
+        return []
+    cls = type(cand[0])
+    many: Callable[[RouteRequest, Sequence[ReplicaView]], Sequence[int | None]] | None
+    many = getattr(cls, "cached_prefix_tokens_many", None)
+    if many is not None:
+        for r in cand:
+            if type(r) is not cls:
+                break
+        else:
+            answers: Sequence[int | None] = many(req, cand)
+            return answers
+    return [r.cached_prefix_tokens(req) for r in cand]
 
 
 class ClusterView:
