@@ -19,6 +19,7 @@ import sysconfig
 from setuptools import setup
 
 COMPILED = [
+    "sloserve/costmodel/run_kernels.py",
     "sloserve/engine/checks.py",
     "sloserve/engine/chunk_run.py",
     "sloserve/engine/continuation.py",
@@ -27,6 +28,7 @@ COMPILED = [
     "sloserve/engine/fastpath.py",
     "sloserve/engine/filling.py",
     "sloserve/engine/instance.py",
+    "sloserve/engine/kv_kernels.py",
     "sloserve/engine/retire.py",
     "sloserve/engine/teardown.py",
     "sloserve/engine/thrash.py",
@@ -53,6 +55,11 @@ if COMPILING:
     # in CI checks the whole package strictly): the isolated build has mypy and numpy.
     flags = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
     ext_modules = mypycify([*flags, *(f"src/{m}" for m in COMPILED)], opt_level="3")
+    if sys.platform != "win32":  # (MSVC: its /fp:contract is off by default)
+        # Results must equal the interpreter's: no multiply and add fused into one
+        # rounding (GCC fuses by default where the target has FMA, e.g. -march=native).
+        for ext in ext_modules:
+            ext.extra_compile_args = [*ext.extra_compile_args, "-ffp-contract=off"]
 
 # One build folder per kind: a pure build must never pick up a compiled build's extension
 # modules left in a shared build/lib (the wheel would then ship stale compiled code).
