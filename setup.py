@@ -6,9 +6,9 @@ says when this compiles. The list is the engine's per-decision path, the modules
 subclasses its classes (mypyc's classes are closed to Python subclasses, and its
 ``allow_interpreted_subclasses`` escape has known bugs with overridden attributes and
 properties): the KV managers (``engine/kv.py``, an extension point) and the policies stay
-Python; the arithmetic of their hot methods is in kernel modules of plain functions
-(``engine/kv_kernels.py``, ``costmodel/run_kernels.py``) that they call and this list
-compiles. ``tests/test_compiled_build.py`` checks this.
+Python; the paged manager's and the linear cost model's hot arithmetic is in kernel modules
+of plain functions (``engine/kv_kernels.py``, ``costmodel/run_kernels.py``) that they call
+and this list compiles. ``tests/test_compiled_build.py`` checks this.
 """
 
 from __future__ import annotations
