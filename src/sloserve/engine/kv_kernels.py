@@ -12,14 +12,24 @@ the same blocks, in the same order. A subclass overriding a method never reaches
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
+
+# Request and block ids are ints, typed as type variables: compiled code then passes the
+# caller's int objects through (dict keys, list items) instead of unboxing each to a C
+# integer and allocating a new int object for every lookup (mypyc erases a type variable
+# to a plain object). Only token counts are computed on.
+R = TypeVar("R")
+"""A request id."""
+B = TypeVar("B")
+"""A block id."""
 
 
 def grow_many(
-    tokens: dict[int, int],
-    tables: dict[int, list[int]],
-    free: list[int],
+    tokens: dict[R, int],
+    tables: dict[R, list[B]],
+    free: list[B],
     bs: int,
-    req_ids: Sequence[int],
+    req_ids: Sequence[R],
     n_new_tokens: int,
 ) -> bool:
     """:meth:`~sloserve.engine.kv.PagedKVManager.grow_many`: all or nothing."""
@@ -59,11 +69,11 @@ def grow_many(
 
 
 def shrink_many(
-    tokens: dict[int, int],
-    tables: dict[int, list[int]],
-    free: list[int],
+    tokens: dict[R, int],
+    tables: dict[R, list[B]],
+    free: list[B],
     bs: int,
-    req_ids: Sequence[int],
+    req_ids: Sequence[R],
     n_tokens: int,
 ) -> int:
     """:meth:`~sloserve.engine.kv.PagedKVManager.shrink_many`: each request gives back its
@@ -87,20 +97,20 @@ def shrink_many(
     return -1
 
 
-def decode_blocks_needed(tokens: dict[int, int], bs: int, req_ids: Sequence[int]) -> int:
+def decode_blocks_needed(tokens: dict[R, int], bs: int, req_ids: Sequence[R]) -> int:
     """:meth:`~sloserve.engine.kv.PagedKVManager.decode_blocks_needed`: a request needs a
     new block exactly when its last block is full."""
     return len([r for r in req_ids if tokens.get(r, 0) % bs == 0])  # faster than sum(gen)
 
 
 def allocate(
-    tokens: dict[int, int],
-    tables: dict[int, list[int]],
-    free: list[int],
+    tokens: dict[R, int],
+    tables: dict[R, list[B]],
+    free: list[B],
     bs: int,
-    req_id: int,
+    req_id: R,
     n_new_tokens: int,
-) -> list[int] | None:
+) -> list[B] | None:
     """:meth:`~sloserve.engine.kv.PagedKVManager.allocate` once the request is known not
     to be swapped out: the new blocks, or None (and no change)."""
     held = tokens.get(req_id, 0) + n_new_tokens
@@ -111,7 +121,7 @@ def allocate(
         return None
     if table is None:
         table = tables[req_id] = []
-    new: list[int] = []
+    new: list[B] = []
     if need > 0:
         new = free[-need:]
         del free[-need:]
