@@ -245,8 +245,12 @@ class PagedKVManager(KVCacheManager):
         return -(-tokens // self.block_size)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
-        have = self.num_request_blocks(req_id)
-        return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
+        # num_request_blocks and _blocks_for inlined (policies ask this per candidate): a
+        # subclass whose own count differs overrides this too, as the prefix cache does.
+        table = self._tables.get(req_id)
+        have = len(table) if table is not None else 0
+        need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - have
+        return need if need > 0 else 0
 
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
         if req_id in self._swapped:
