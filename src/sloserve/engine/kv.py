@@ -213,7 +213,10 @@ class KVCacheManager(ABC):
 class PagedKVManager(KVCacheManager):
     """vLLM's paged KV cache: fixed-size blocks, a request's blocks need not be contiguous.
 
-    ``block_size=1`` makes capacity token-exact, as InferMax's M.
+    ``block_size=1`` makes capacity token-exact, as InferMax's M. The arithmetic of the
+    per-decision methods (``grow_many``, ``shrink_many``, ``decode_blocks_needed``,
+    ``allocate``) is in :mod:`~sloserve.engine.kv_kernels`, which the compiled build
+    compiles; this class stays Python, so a subclass may override any of them.
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, cpu_blocks: int = 0) -> None:
