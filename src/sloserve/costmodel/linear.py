@@ -154,7 +154,8 @@ class LinearCostModel(CostModel):
         where building arrays for :meth:`run_times` costs more than the few steps it needs.
 
         Bit-identical to :meth:`run_times` and to the sums of :func:`numpy.cumsum`: the same
-        floating-point operations in the same order, one float at a time."""
+        floating-point operations in the same order, one float at a time (the loops are
+        :mod:`~sloserve.costmodel.run_kernels`', which the compiled build compiles)."""
         nd = stats.num_decode
         npf = stats.num_prefill_tokens
         if npf + nd == 0:
