@@ -6,7 +6,11 @@ says when this compiles. The list is the engine's per-decision path, the modules
 subclasses its classes (mypyc's classes are closed to Python subclasses, and its
 ``allow_interpreted_subclasses`` escape has known bugs with overridden attributes and
 properties): the KV managers (``engine/kv.py``, an extension point) and the policies stay
-Python. ``tests/test_compiled_build.py`` checks this.
+Python; the paged manager's and the linear cost model's hot arithmetic is in kernel modules
+of plain functions (``engine/kv_kernels.py``, ``costmodel/run_kernels.py``) that they call
+and this list compiles; the prefix cache's prompt keys and the routers' peek at every
+replica (``engine/prefix_keys.py``, ``engine/prefix_peek.py``) are plain functions too.
+``tests/test_compiled_build.py`` checks this.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sysconfig
 from setuptools import setup
 
 COMPILED = [
+    "sloserve/costmodel/run_kernels.py",
     "sloserve/engine/checks.py",
     "sloserve/engine/chunk_run.py",
     "sloserve/engine/continuation.py",
@@ -27,6 +32,7 @@ COMPILED = [
     "sloserve/engine/fastpath.py",
     "sloserve/engine/filling.py",
     "sloserve/engine/instance.py",
+    "sloserve/engine/kv_kernels.py",
     "sloserve/engine/prefix_keys.py",
     "sloserve/engine/prefix_peek.py",
     "sloserve/engine/retire.py",
@@ -55,6 +61,11 @@ if COMPILING:
     # in CI checks the whole package strictly): the isolated build has mypy and numpy.
     flags = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
     ext_modules = mypycify([*flags, *(f"src/{m}" for m in COMPILED)], opt_level="3")
+    if sys.platform != "win32":  # (MSVC: its /fp:contract is off by default)
+        # Results must equal the interpreter's: no multiply and add fused into one
+        # rounding (GCC fuses by default where the target has FMA, e.g. -march=native).
+        for ext in ext_modules:
+            ext.extra_compile_args = [*ext.extra_compile_args, "-ffp-contract=off"]
 
 # One build folder per kind: a pure build must never pick up a compiled build's extension
 # modules left in a shared build/lib (the wheel would then ship stale compiled code).

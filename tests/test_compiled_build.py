@@ -166,6 +166,7 @@ def test_a_closed_compiled_class_is_found() -> None:
     a compiled class resolves to it."""
     assert _closed_classes().get("Instance") == "sloserve/engine/instance.py"
     assert "PagedKVManager" not in _closed_classes()  # an extension point: not compiled
+    assert "LinearCostModel" not in _closed_classes()  # (its kernels are: run_kernels.py)
     compiled = {_module_of(rel): rel for rel in _compiled_paths()}
     tree = ast.parse(
         "from sloserve.engine.env import Environment as E\n"
@@ -175,6 +176,36 @@ def test_a_closed_compiled_class_is_found() -> None:
     names = _compiled_names(tree, compiled)
     bases = [_resolve(c.bases[0], names) for c in tree.body if isinstance(c, ast.ClassDef)]
     assert bases == ["sloserve.engine.env:Environment", "sloserve.engine.instance:Instance", None]
+
+
+def _kernel_problems(compiled: list[str], sources: dict[str, str], setup_src: str) -> list[str]:
+    """What breaks the kernel rules (``sources``: path under src/ → text of each
+    ``*_kernels.py``)."""
+    problems = [f"{rel} is not in setup.py's COMPILED" for rel in sources if rel not in compiled]
+    for rel, text in sources.items():
+        problems += [
+            f"{rel}:{node.lineno} defines class {node.name}"
+            for node in ast.parse(text).body
+            if isinstance(node, ast.ClassDef)
+        ]
+    if "-ffp-contract=off" not in setup_src:
+        problems.append("setup.py no longer turns off floating-point contraction")
+    return problems
+
+
+def test_kernel_modules_are_compiled_plain_functions() -> None:
+    """An extension point's hot loop lives in a ``*_kernels.py`` module of plain functions
+    (docs/contributing.md): compiled (else it is a Python call for nothing), with no class
+    to subclass or close, and built without fused multiply-adds (results stay the
+    interpreter's, bit for bit). The check fails on a break of each rule."""
+    sources = {str(p.relative_to(SRC)): p.read_text() for p in sorted(SRC.rglob("*_kernels.py"))}
+    assert {"sloserve/engine/kv_kernels.py", "sloserve/costmodel/run_kernels.py"} <= set(sources)
+    setup_src = (ROOT / "setup.py").read_text()
+    assert _kernel_problems(_compiled_paths(), sources, setup_src) == []
+    rel = "sloserve/engine/kv_kernels.py"
+    broken = {**sources, rel: sources[rel] + "\nclass Grower:\n    pass\n"}
+    unlisted = [p for p in _compiled_paths() if p != rel]
+    assert len(_kernel_problems(unlisted, broken, setup_src.replace("-ffp-contract=off", ""))) == 3
 
 
 def test_compiled_classes_bind_no_function_as_an_attribute() -> None:

@@ -131,6 +131,27 @@ def test_shrink_many_is_shrink_in_order() -> None:
             a.check_invariants()
 
 
+def test_shrink_many_stops_at_a_request_holding_too_little() -> None:
+    """The cut stops where :meth:`shrink` in order would raise: the requests before it
+    shrunk, it and the rest untouched, the error naming it."""
+    import pytest
+
+    from sloserve.engine.kv import KVInvariantError
+
+    a, b = PagedKVManager(100, 4), PagedKVManager(100, 4)
+    for kv in (a, b):
+        for r, n in ((1, 9), (2, 3), (3, 9)):
+            kv.allocate(r, n)
+    with pytest.raises(KVInvariantError, match="request 2: cannot shrink by 5"):
+        a.shrink_many([1, 2, 3], 5)
+    b.shrink(1, 5)
+    with pytest.raises(KVInvariantError, match="request 2: cannot shrink by 5"):
+        b.shrink(2, 5)
+    assert (a._free, a._tables, a._tokens) == (b._free, b._tables, b._tokens)
+    assert a.num_tokens(1) == 4 and a.num_tokens(3) == 9
+    a.check_invariants()
+
+
 def test_shrink_undoes_a_growth_exactly() -> None:
     """Growing then shrinking (in reverse order) by at most a block's tokens gives back
     the very blocks, to the free list's very places (a block or none each: the common

@@ -10,7 +10,6 @@ Aladdin's prefill/decode forms are special cases (zero the terms they lack).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -18,8 +17,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from sloserve.costmodel.base import BatchStats, CostModel
-
-_INF = float("inf")
+from sloserve.costmodel.run_kernels import decode_run, mixed_run
 
 
 class LinearCoefficients(BaseModel):
@@ -156,48 +154,32 @@ class LinearCostModel(CostModel):
         where building arrays for :meth:`run_times` costs more than the few steps it needs.
 
         Bit-identical to :meth:`run_times` and to the sums of :func:`numpy.cumsum`: the same
-        floating-point operations in the same order, one float at a time."""
-        durs: list[float] = []
-        ends: list[float] = []
+        floating-point operations in the same order, one float at a time (the loops are
+        :mod:`~sloserve.costmodel.run_kernels`', which the compiled build compiles)."""
         nd = stats.num_decode
         npf = stats.num_prefill_tokens
         if npf + nd == 0:
             return [0.0] * limit, [now] * limit
         c = self.c
         base, dec, pre = self._shape_consts(nd, npf, stats.num_prefill_seqs)
-        kv = c.per_decode_kv
-        pw = c.per_prefill_work
-        ctx = stats.decode_context_sum
-        work = stats.prefill_attn_work
-        end = now
-        if not npf:
-            # Decodes only (most runs): the loop below without its per-step tests, the
-            # same operations in the same order. No event: a NaN bound never stops it.
-            stop = t_next if t_next != _INF else math.nan
-            add_dur, add_end = durs.append, ends.append
-            for _ in range(limit):
-                t = base + (dec + kv * float(ctx))
-                ctx += nd
-                end = end + t
-                add_dur(t)
-                add_end(end)
-                if end >= stop:
-                    break
-            return durs, ends
-        for _ in range(limit):
-            t = base
-            if nd:
-                t = t + (dec + kv * float(ctx))
-                ctx += nd
-            if npf:
-                t = t + (pre + pw * float(work))
-                work += prefill_work_step
-            end = end + t
-            durs.append(t)
-            ends.append(end)
-            if end >= t_next and t_next != _INF:  # (no event: all ``limit`` of them)
-                break
-        return durs, ends
+        if not npf:  # decodes only (most runs): the loop without its per-step tests
+            return decode_run(
+                base, dec, c.per_decode_kv, stats.decode_context_sum, nd, now, t_next, limit
+            )
+        return mixed_run(
+            base,
+            dec,
+            c.per_decode_kv,
+            stats.decode_context_sum,
+            nd,
+            pre,
+            c.per_prefill_work,
+            stats.prefill_attn_work,
+            prefill_work_step,
+            now,
+            t_next,
+            limit,
+        )
 
     def swap_time(self, num_tokens: int) -> float:
         if num_tokens <= 0:

@@ -14,6 +14,7 @@ import numpy as np
 
 from sloserve.core.errors import SloserveError
 from sloserve.core.request import Request, RequestClass
+from sloserve.engine import kv_kernels
 
 
 class KVInvariantError(SloserveError, AssertionError):
@@ -212,7 +213,10 @@ class KVCacheManager(ABC):
 class PagedKVManager(KVCacheManager):
     """vLLM's paged KV cache: fixed-size blocks, a request's blocks need not be contiguous.
 
-    ``block_size=1`` makes capacity token-exact, as InferMax's M.
+    ``block_size=1`` makes capacity token-exact, as InferMax's M. The arithmetic of the
+    per-decision methods (``grow_many``, ``shrink_many``, ``decode_blocks_needed``,
+    ``allocate``) is in :mod:`~sloserve.engine.kv_kernels`, which the compiled build
+    compiles; this class stays Python, so a subclass may override any of them.
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, cpu_blocks: int = 0) -> None:
@@ -244,28 +248,19 @@ class PagedKVManager(KVCacheManager):
         return -(-tokens // self.block_size)
 
     def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
-        have = self.num_request_blocks(req_id)
-        return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
+        # num_request_blocks and _blocks_for inlined (policies ask this per candidate): a
+        # subclass whose own count differs overrides this too, as the prefix cache does.
+        table = self._tables.get(req_id)
+        have = len(table) if table is not None else 0
+        need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - have
+        return need if need > 0 else 0
 
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
         if req_id in self._swapped:
             raise KVInvariantError(f"request {req_id} is swapped out: swap it in first")
-        tokens = self._tokens.get(req_id, 0) + n_new_tokens
-        table = self._tables.get(req_id)
-        have = len(table) if table is not None else 0
-        need = -(-tokens // self.block_size) - have
-        free = self._free
-        if need > len(free):
-            return None
-        if table is None:
-            table = self._tables[req_id] = []
-        new: list[int] = []
-        if need > 0:
-            new = free[-need:]
-            del free[-need:]
-            table.extend(new)
-        self._tokens[req_id] = tokens
-        return new
+        return kv_kernels.allocate(
+            self._tokens, self._tables, self._free, self.block_size, req_id, n_new_tokens
+        )
 
     def free(self, req_id: int) -> int:
         table = self._tables.pop(req_id, None)
@@ -295,24 +290,11 @@ class PagedKVManager(KVCacheManager):
         if type(self).shrink is not PagedKVManager.shrink:
             super().shrink_many(req_ids, n_tokens)  # a subclass's own shrink sees each
             return
-        bs = self.block_size
-        tokens = self._tokens
-        tables = self._tables
-        free = self._free
-        for r in req_ids:
-            had = tokens[r]
-            t = had - n_tokens
-            if t < 0:
-                raise KVInvariantError(f"request {r}: cannot shrink by {n_tokens} tokens")
-            # A table holds ceil(tokens / bs) blocks: it is looked up only to give some back.
-            extra = -(-had // bs) - -(-t // bs)
-            if extra == 1:  # (the common cut, shorter than a block: no slice to build)
-                free.append(tables[r].pop())
-            elif extra > 0:
-                table = tables[r]
-                free.extend(reversed(table[-extra:]))  # shrink's order
-                del table[-extra:]
-            tokens[r] = t
+        bad = kv_kernels.shrink_many(
+            self._tokens, self._tables, self._free, self.block_size, req_ids, n_tokens
+        )
+        if bad >= 0:
+            raise KVInvariantError(f"request {req_ids[bad]}: cannot shrink by {n_tokens} tokens")
 
     def shrink_blocks(self, req_id: int, n_tokens: int) -> int:
         """The blocks :meth:`shrink` would give back for ``n_tokens``, changing nothing."""
@@ -321,48 +303,12 @@ class PagedKVManager(KVCacheManager):
 
     def decode_blocks_needed(self, req_ids: Sequence[int]) -> int:
         # A request needs a new block exactly when its last block is full.
-        bs = self.block_size
-        tokens = self._tokens
-        return len([r for r in req_ids if tokens.get(r, 0) % bs == 0])  # faster than sum(gen)
+        return kv_kernels.decode_blocks_needed(self._tokens, self.block_size, req_ids)
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
-        bs = self.block_size
-        tables = self._tables
-        tokens = self._tokens
-        free = self._free
-        # Each request needs at most ceil(n / bs) + 1 blocks: count only when that might
-        # not fit (the count is a second pass over the requests).
-        if len(free) < len(req_ids) * (n_new_tokens // bs + 1):
-            need = 0
-            for r in req_ids:
-                t = tokens[r] + n_new_tokens
-                need += -(-t // bs) - len(tables[r])
-            if need > len(free):
-                return False
-        if n_new_tokens == 1:
-            # A single step's decodes: a request takes a block exactly when its last one is
-            # full (a table holds ceil(tokens / bs) blocks: check_invariants), so its table
-            # is looked up only then.
-            for r in req_ids:
-                t = tokens[r]
-                tokens[r] = t + 1
-                if not t % bs:
-                    tables[r].append(free.pop())
-            return True
-        # A table holds ceil(tokens / bs) blocks, so the last one has -tokens % bs free
-        # slots: the table is looked up only when the growth needs more than those.
-        for r in req_ids:
-            t = tokens[r]
-            tokens[r] = t + n_new_tokens
-            slack = -t % bs
-            if n_new_tokens > slack:
-                more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
-                if more == 1:
-                    tables[r].append(free.pop())  # (free[-1:]: no slice to build)
-                else:
-                    tables[r].extend(free[-more:])
-                    del free[-more:]
-        return True
+        return kv_kernels.grow_many(
+            self._tokens, self._tables, self._free, self.block_size, req_ids, n_new_tokens
+        )
 
     def max_uniform_growth(
         self, req_ids: Sequence[int], limit: int, free: int | None = None
