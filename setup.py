@@ -61,7 +61,7 @@ if COMPILING:
     # in CI checks the whole package strictly): the isolated build has mypy and numpy.
     flags = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
     ext_modules = mypycify([*flags, *(f"src/{m}" for m in COMPILED)], opt_level="3")
-    if sys.platform != "win32":  # (MSVC: its /fp:contract is off by default)
+    if sys.platform != "win32":  # (MSVC 2022 and later: /fp:contract is off by default)
         # Results must equal the interpreter's: no multiply and add fused into one
         # rounding (GCC fuses by default where the target has FMA, e.g. -march=native).
         for ext in ext_modules:

@@ -191,3 +191,34 @@ def test_shrink_many_calls_a_subclass_shrink() -> None:
     kv.allocate(2, 10)
     kv.shrink_many([2, 1], 3)
     assert seen == [(2, 3), (1, 3)] and kv.num_tokens(1) == kv.num_tokens(2) == 7
+
+
+def test_grow_many_that_does_not_fit_changes_nothing() -> None:
+    kv = PagedKVManager(num_blocks=4, block_size=4)
+    kv.allocate(1, 4)
+    kv.allocate(2, 7)
+    before = (dict(kv._tokens), {r: list(t) for r, t in kv._tables.items()}, list(kv._free))
+    assert not kv.grow_many([1, 2], 5)  # 1 needs 2 more blocks, 2 needs 1: one is free
+    assert (kv._tokens, kv._tables, kv._free) == before
+    kv.check_invariants()
+
+
+def test_blocks_needed_asks_a_subclass_own_count() -> None:
+    # blocks_needed inlines num_request_blocks and _blocks_for; a subclass overriding
+    # either (and not blocks_needed) gets the version that asks them.
+    class Reserved(PagedKVManager):
+        def num_request_blocks(self, req_id: int) -> int:
+            return super().num_request_blocks(req_id) + 1  # one block held aside
+
+    class Own(Reserved):
+        def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
+            return 42
+
+    class Below(Own):  # its parent's own blocks_needed stays
+        def _blocks_for(self, tokens: int) -> int:
+            return 0
+
+    for cls, want in ((PagedKVManager, 2), (Reserved, 1), (Own, 42), (Below, 42)):
+        kv = cls(num_blocks=8, block_size=4)
+        kv.allocate(1, 4)
+        assert kv.blocks_needed(1, 5) == want, cls.__name__

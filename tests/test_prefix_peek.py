@@ -138,3 +138,71 @@ def test_a_cluster_run_asks_once_a_decision_and_gets_each_views_answer(
     assert any(any(a for a in answers) for answers in seen)  # some prefixes were found
     assert s["prefix_evicted_units"] > 0
     assert (s["prefix_hit_tokens_cpu"] > 0) == (cpu_gib > 0)  # the CPU tier answered too
+
+
+def _cache_holding(
+    unit_tokens: int, prompt_ids: tuple[int, ...], prompt: int
+) -> PrefixCachingKVManager:
+    """A caching manager of ``unit_tokens`` (4-token blocks) that has computed and
+    released a prompt of ``prompt`` tokens (its units stay cached, unreferenced)."""
+    from sloserve.core.request import Request
+
+    cache = PrefixCachingKVManager(512, 4, unit_tokens, source_block_tokens=64)
+    req = Request(1, 0.0, prompt, 4, hash_ids=prompt_ids)
+    cache.lookup_prefix(req)
+    assert cache.allocate(1, prompt) is not None
+    cache.retired([(req, prompt)])
+    req.num_computed_tokens = prompt
+    cache.retired([(req, prompt)])
+    cache.free(1)
+    return cache
+
+
+def test_replicas_of_other_unit_sizes_get_their_own_keys() -> None:
+    # Keys depend on the unit size: a list mixing sizes is answered per size, each answer
+    # the replica's own peek (a peek reusing the first size's keys answers 0 for the rest).
+    ids, prompt = (11, 12, 13, 14), 256
+    kvs = [_cache_holding(u, ids, prompt) for u in (64, 128, 64)]
+    own = [kv.peek_prefix(ids, prompt) for kv in kvs]
+    assert own == [256, 256, 256]
+    assert peek_many(kvs, ids, prompt) == own
+
+
+def test_a_subclass_of_the_caching_manager_answers_itself() -> None:
+    class Blind(PrefixCachingKVManager):
+        def peek_prefix(self, hash_ids: Sequence[int], prompt_tokens: int) -> int:
+            return 0
+
+    cache = _cache_holding(64, (11, 12), 128)
+    blind = Blind(512, 4, 64, source_block_tokens=64)
+    assert peek_many([cache, blind], (11, 12), 128) == [128, 0]
+
+
+def test_a_view_class_overriding_the_single_answer_is_asked_one_by_one() -> None:
+    # An inherited batch answer would bypass the subclass's own cached_prefix_tokens.
+    class Own(_Batched):
+        def cached_prefix_tokens(self, req: RouteRequest) -> int | None:
+            return 7
+
+    class Both(Own):
+        @staticmethod
+        def cached_prefix_tokens_many(
+            req: RouteRequest, views: Sequence[ReplicaView]
+        ) -> list[int | None]:
+            return [8 for _ in views]
+
+    _CALLS.clear()
+    assert cached_prefix_tokens_all(rr(), [Own(0), Own(1)]) == [7, 7]
+    assert _CALLS == []
+    assert cached_prefix_tokens_all(rr(), [Both(0), Both(1)]) == [8, 8]  # its own batch
+
+
+def test_a_scorer_giving_too_few_or_too_many_costs_is_an_error() -> None:
+    from sloserve.cluster.route_stages import Scorer, raw_costs
+    from sloserve.core.errors import ConfigError
+
+    views = [StaticReplica(i) for i in range(3)]
+    for n in (2, 4):
+        s = Scorer("short", lambda q, r: 0.0, many=lambda q, c, n=n: [0.0] * n)
+        with pytest.raises(ConfigError, match="scorer 'short' gave"):
+            raw_costs(rr(), views, s)

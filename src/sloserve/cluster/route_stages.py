@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sloserve.cluster.view import ReplicaStatus, ReplicaView, RouteRequest
+from sloserve.core.errors import ConfigError
 
 Filter = Callable[[RouteRequest, list[ReplicaView]], list[ReplicaView]]
 """The candidates that remain for the request."""
@@ -44,7 +45,12 @@ class Scorer:
 def raw_costs(req: RouteRequest, cand: Sequence[ReplicaView], s: Scorer) -> list[float]:
     """The scorer's raw cost of each candidate, in order."""
     if s.many is not None:
-        return s.many(req, cand)
+        costs = s.many(req, cand)
+        if len(costs) != len(cand):  # (a short list would score the rest 0 silently)
+            raise ConfigError(
+                f"scorer {s.name!r} gave {len(costs)} costs for {len(cand)} candidates"
+            )
+        return costs
     fn = s.fn
     return [float(fn(req, r)) for r in cand]
 

@@ -42,6 +42,21 @@ def grow_many(
             need += -(-t // bs) - len(tables[r])
         if need > len(free):
             return False
+    grow(tokens, tables, free, bs, req_ids, n_new_tokens)
+    return True
+
+
+def grow(
+    tokens: dict[R, int],
+    tables: dict[R, list[B]],
+    free: list[B],
+    bs: int,
+    req_ids: Sequence[R],
+    n_new_tokens: int,
+) -> None:
+    """Each request of ``req_ids`` grows by ``n_new_tokens``, taking its new blocks from
+    the top of ``free``, which the caller knows holds enough (:func:`grow_many` counted;
+    the prefix cache reclaimed)."""
     if n_new_tokens == 1:
         # A single step's decodes: a request takes a block exactly when its last one is
         # full (a table holds ceil(tokens / bs) blocks: check_invariants), so its table
@@ -51,7 +66,7 @@ def grow_many(
             tokens[r] = t + 1
             if not t % bs:
                 tables[r].append(free.pop())
-        return True
+        return
     # A table holds ceil(tokens / bs) blocks, so the last one has -tokens % bs free
     # slots: the table is looked up only when the growth needs more than those.
     for r in req_ids:
@@ -65,7 +80,6 @@ def grow_many(
             else:
                 tables[r].extend(free[-more:])
                 del free[-more:]
-    return True
 
 
 def shrink_many(

@@ -59,6 +59,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sloserve.core.request import Request, RequestStatus
+from sloserve.engine import kv_kernels
 from sloserve.engine.kv import KVInvariantError, PagedKVManager
 from sloserve.engine.prefix_host import take_from_host
 from sloserve.engine.prefix_keys import prompt_keys, unit_keys
@@ -395,7 +396,7 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def grow_many(self, req_ids: Sequence[int], n_new_tokens: int) -> bool:
         # Decodes grow past the prompt: nothing to register, only room to make (counted
-        # when the truly free blocks may not do; the plain manager's growth inlined).
+        # when the truly free blocks may not do), then the plain manager's growth.
         cached = self._cached
         if not cached:
             return super().grow_many(req_ids, n_new_tokens)
@@ -407,11 +408,7 @@ class PrefixCachingKVManager(PagedKVManager):
                     if takers > len(free):
                         return False
                     self._reclaim(takers)
-            for r in req_ids:  # the plain manager's single step
-                t = tokens[r]
-                tokens[r] = t + 1
-                if not t % bs:
-                    tables[r].append(free.pop())
+            kv_kernels.grow(tokens, tables, free, bs, req_ids, 1)  # the plain manager's
             return True
         if len(free) - cached * self.unit_blocks < len(req_ids) * (n_new_tokens // bs + 1):
             need = 0  # blocks_needed of each, summed
@@ -423,17 +420,7 @@ class PrefixCachingKVManager(PagedKVManager):
                 if need > len(free):
                     return False
                 self._reclaim(need)
-        for r in req_ids:  # the plain manager's growth (engine/kv.py)
-            t = tokens[r]
-            tokens[r] = t + n_new_tokens
-            slack = -t % bs
-            if n_new_tokens > slack:
-                more = -((slack - n_new_tokens) // bs)  # ceil((n - slack) / bs)
-                if more == 1:
-                    tables[r].append(free.pop())  # (free[-1:]: no slice to build)
-                else:
-                    tables[r].extend(free[-more:])
-                    del free[-more:]
+        kv_kernels.grow(tokens, tables, free, bs, req_ids, n_new_tokens)  # room made
         return True
 
     def free(self, req_id: int) -> int:
