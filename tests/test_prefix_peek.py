@@ -151,7 +151,6 @@ def _cache_holding(
     req = Request(1, 0.0, prompt, 4, hash_ids=prompt_ids)
     cache.lookup_prefix(req)
     assert cache.allocate(1, prompt) is not None
-    cache.retired([(req, prompt)])
     req.num_computed_tokens = prompt
     cache.retired([(req, prompt)])
     cache.free(1)
