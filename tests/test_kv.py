@@ -204,8 +204,8 @@ def test_grow_many_that_does_not_fit_changes_nothing() -> None:
 
 
 def test_blocks_needed_asks_a_subclass_own_count() -> None:
-    # blocks_needed inlines num_request_blocks and _blocks_for; a subclass overriding
-    # either (and not blocks_needed) gets the version that asks them.
+    # A subclass overriding num_request_blocks or _blocks_for (and not blocks_needed)
+    # gets answers from its own count; one overriding blocks_needed keeps its own.
     class Reserved(PagedKVManager):
         def num_request_blocks(self, req_id: int) -> int:
             return super().num_request_blocks(req_id) + 1  # one block held aside

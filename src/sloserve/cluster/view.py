@@ -166,44 +166,22 @@ class StaticReplica:
         return self.cached_tokens
 
 
-_Many = Callable[[RouteRequest, Sequence[ReplicaView]], Sequence[int | None]]
-_MANY: dict[type, tuple[object, object, bool]] = {}
-"""Per view class: its two answers' functions when last looked at, and whether the batch
-one may answer (a class's attributes may be replaced: the verdict is kept per pair)."""
-
-
-def _many_of(cls: type) -> _Many | None:
-    """``cls.cached_prefix_tokens_many``, unless a class below the one that defines it
-    overrides ``cached_prefix_tokens`` (such a view is asked one at a time: the inherited
-    batch answer would bypass its override)."""
-    many: _Many | None = getattr(cls, "cached_prefix_tokens_many", None)
-    if many is None:
-        return None
-    one = getattr(cls, "cached_prefix_tokens", None)
-    seen = _MANY.get(cls)
-    if seen is not None and seen[0] is many and seen[1] is one:
-        return many if seen[2] else None
-    owner = next(k for k in cls.__mro__ if "cached_prefix_tokens_many" in k.__dict__)
-    below = next((k for k in cls.__mro__ if "cached_prefix_tokens" in k.__dict__), object)
-    ok = issubclass(owner, below)  # no override of the single answer below the owner
-    _MANY[cls] = (many, one, ok)
-    return many if ok else None
-
-
 def cached_prefix_tokens_all(
     req: RouteRequest, cand: Sequence[ReplicaView]
 ) -> Sequence[int | None]:
     """Every candidate's :meth:`ReplicaView.cached_prefix_tokens` for ``req``, in order: one
     call a routing decision instead of one a candidate. When the candidates are all views
-    of one class that defines ``cached_prefix_tokens_many`` beside the
-    ``cached_prefix_tokens`` it answers for (the simulated replicas': one
-    pass over their caches that computes the prompt's keys once, ``engine/prefix_peek.py``)
-    that class answers for all of them; otherwise each view is asked (the gateway's
-    upstreams answer None: a prefix router then reads its own index)."""
+    of one class that defines ``cached_prefix_tokens_many`` itself (the simulated
+    replicas': one pass over their caches that computes the prompt's keys once,
+    ``engine/prefix_peek.py``) that class answers for all of them; otherwise each view is
+    asked (the gateway's upstreams answer None: a prefix router then reads its own index).
+    An inherited batch answer is not used: it would bypass a subclass's own
+    ``cached_prefix_tokens``."""
     if not cand:
         return []
     cls = type(cand[0])
-    many = _many_of(cls)
+    many: Callable[[RouteRequest, Sequence[ReplicaView]], Sequence[int | None]] | None
+    many = cls.__dict__.get("cached_prefix_tokens_many")
     if many is not None:
         for r in cand:
             if type(r) is not cls:

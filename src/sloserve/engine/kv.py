@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -248,27 +247,9 @@ class PagedKVManager(KVCacheManager):
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # blocks_needed inlines num_request_blocks and _blocks_for: a subclass that
-        # overrides either and inherits this blocks_needed gets the one that asks them.
-        if cls.blocks_needed is PagedKVManager.blocks_needed and (
-            cls.num_request_blocks is not PagedKVManager.num_request_blocks
-            or cls._blocks_for is not PagedKVManager._blocks_for
-        ):
-            setattr(cls, "blocks_needed", PagedKVManager._blocks_needed_by_parts)  # noqa: B010
-
-    def _blocks_needed_by_parts(self, req_id: int, n_new_tokens: int) -> int:
+    def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
         have = self.num_request_blocks(req_id)
         return max(0, self._blocks_for(self._tokens.get(req_id, 0) + n_new_tokens) - have)
-
-    def blocks_needed(self, req_id: int, n_new_tokens: int) -> int:
-        # num_request_blocks and _blocks_for inlined (policies ask this per candidate; a
-        # subclass overriding either gets the version asking them: __init_subclass__).
-        table = self._tables.get(req_id)
-        have = len(table) if table is not None else 0
-        need = -(-(self._tokens.get(req_id, 0) + n_new_tokens) // self.block_size) - have
-        return need if need > 0 else 0
 
     def allocate(self, req_id: int, n_new_tokens: int) -> list[int] | None:
         if req_id in self._swapped:
