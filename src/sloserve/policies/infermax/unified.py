@@ -277,7 +277,8 @@ class UnifiedScheduler(Scheduler):
     # -------------------------------------------------------------- GetNextBatch
     def schedule(self, view: InstanceView) -> SchedulerOutput:
         running = view.running
-        fillers: list[Request] | None = None
+        # Running requests part-way through a (re)fill: every path below reads them.
+        fillers = _filling(view) if self.chunked_prefill else []
         if (
             self._all_decode_shortcut
             and running
@@ -285,16 +286,13 @@ class UnifiedScheduler(Scheduler):
             and not view.swapped
             and len(running) <= view.limits.max_batch_tokens
             and len(running) <= view.kv.num_free_blocks
+            and not fillers
         ):
-            fillers = _filling(view) if self.chunked_prefill else []
-            if not fillers:
-                # Nothing waits, nothing is swapped out, every running request decodes and
-                # each fits whatever block it needs: Algorithm 1 takes the whole decode
-                # group at once (the loop below, its groups before it empty); it repeats.
-                return scheduler_output(self._decode_batch(running), (), (), True, 0)
+            # Nothing waits, nothing is swapped out, every running request decodes and
+            # each fits whatever block it needs: Algorithm 1 takes the whole decode group
+            # at once (the loop below, its groups before it empty); it repeats.
+            return scheduler_output(self._decode_batch(running), (), (), True, 0)
         if self._decode_first:  # Sarathi's shape: the same steps, specialised
-            if fillers is None:
-                fillers = _filling(view) if self.chunked_prefill else []
             out = decode_first.schedule(self, view, fillers)
             if out is not None:
                 return out
@@ -312,8 +310,6 @@ class UnifiedScheduler(Scheduler):
         # Without chunking there are none: a (re)fill is scheduled whole and completes in
         # its iteration (``_groups`` relies on it too), so no pass over the running set.
         promised: dict[int, int] = {}
-        if fillers is None:  # (read above when a shortcut was tried)
-            fillers = _filling(view) if cfg.chunked_prefill else []
         for r in fillers:  # (usually one: a loop, no comprehension's frame)
             rid = r.req_id
             promised[rid] = blocks_needed(
