@@ -133,8 +133,9 @@ class ReplicaView(Protocol):
         while it answered.
 
         A view class may also answer for many of its views at once, with a static
-        ``cached_prefix_tokens_many(req, views) -> Sequence[int | None]`` (the same answers,
-        in order): :func:`cached_prefix_tokens_all` then asks it once a decision."""
+        ``cached_prefix_tokens_many(req, views) -> Sequence[int | None]`` defined in the
+        class itself (the same answers, in order): :func:`cached_prefix_tokens_all` then
+        asks it once a decision."""
         ...
 
 
