@@ -186,7 +186,7 @@ def test_registering_at_the_chain_end_only_is_caught(monkeypatch: pytest.MonkeyP
     # peek mid-chain sees fewer cached units than the single steps left.
     probes = _probes()
     off = _simulate(_SETUP, _SPEC, chains=False, probes=probes)
-    monkeypatch.setattr(chunk_run, "_register_ended", lambda kv, batch, k: None)
+    monkeypatch.setattr(chunk_run, "_register_ended", lambda kv, req, n, k: None)
     bad = _simulate(_SETUP, _SPEC, probes=probes)
     assert bad["probes"] != off["probes"]
 

@@ -300,35 +300,39 @@ def advance(inst: Instance, pending: _Pending) -> None:
     if kv.registering:  # prefix caching: the retire before the skipped decision registered
         assert isinstance(kv, PrefixCachingKVManager)
         if inst.debug_checks:
-            _check_skipped(inst, kv)
-        _register_ended(kv, pending.batch, len(pending.ends))
+            _check_skipped(inst, kv, pending)
+        _register_ended(kv, final.req, final.chunk, len(pending.ends))
     if final.phase == JOIN and final.mid_ends is not None:
         start_middle(inst, pending)
     else:
         start_final(inst, pending)
 
 
-def _register_ended(kv: PrefixCachingKVManager, batch: Sequence[ScheduledRequest], k: int) -> None:
-    """The first ``k`` iterations of ``batch`` ended now, its counters still at their start
+def _register_ended(kv: PrefixCachingKVManager, req: Request, n: int, k: int) -> None:
+    """The first ``k`` iterations of the run ended now, its counters still at their start
     (delivered when the chain ends): register the prompt units they completed, as
-    :meth:`PrefixCachingKVManager.retired` did when the retire had delivered them (each
-    entry computed ``n`` tokens an iteration: a decode one, the prompt its chunk)."""
-    open_ = kv._open
-    for r, n in batch:
-        at = open_.get(r.req_id)
-        if at is not None:
-            done = r.num_computed_tokens + k * n
-            if done >= at:  # a unit is complete
-                kv._register(r.req_id, done)
+    :meth:`PrefixCachingKVManager.retired` did when the retire had delivered them. Only
+    the prompt ``req`` (``n`` tokens an iteration) can: the run's other entries are
+    running decodes, whose prompts were registered whole when they completed
+    (:func:`_check_skipped` checks it)."""
+    at = kv._open.get(req.req_id)
+    if at is not None:
+        done = req.num_computed_tokens + k * n
+        if done >= at:  # a unit is complete
+            kv._register(req.req_id, done)
 
 
-def _check_skipped(inst: Instance, kv: PrefixCachingKVManager) -> None:
+def _check_skipped(inst: Instance, kv: PrefixCachingKVManager, pending: _Pending) -> None:
     """What the skipped decision's prefix-cache hooks would have done is nothing (module
     docstring): no lookup queued, no end since the last retry, no CPU copy to price."""
     if kv.arrived or len(inst.done) != kv._ended_seen or kv._transfer or kv._copying:
         raise inst._violation(
             "chunk run", "a skipped decision would have looked up, retried or priced a copy"
         )
+    final = pending.final
+    assert final is not None
+    if any(r is not final.req and r.req_id in kv._open for r, _n in pending.batch):
+        raise inst._violation("chunk run", "an entry besides its prompt registers units")
 
 
 def start_middle(inst: Instance, pending: _Pending) -> None:

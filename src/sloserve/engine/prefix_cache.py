@@ -133,6 +133,7 @@ class PrefixCachingKVManager(PagedKVManager):
         # Requests that still register their new units -> the computed tokens at which
         # their next unit is complete (retiring a batch skips the others at one test).
         self._open: dict[int, int] = {}
+        self.registering = self._open  # (the base class's attribute: the same dict)
         self._transfer = 0
         # CPU-tier hits are priced in the iteration that admits their request (the copy
         # overlaps nothing before it), so that single steps and fast runs price them alike.
@@ -321,17 +322,12 @@ class PrefixCachingKVManager(PagedKVManager):
 
     def retired(self, batch: Sequence[tuple[Request, int]]) -> None:
         """An iteration (or fast-forwarded run) of ``batch`` ended: cache the prompt units
-        its requests have now computed. Called only while :attr:`registering`."""
+        its requests have now computed. Called only while :attr:`registering` (``_open``)."""
         open_ = self._open
         for r, _n in batch:
             at = open_.get(r.req_id)
             if at is not None and r.num_computed_tokens >= at:  # a unit is complete
                 self._register(r.req_id, r.num_computed_tokens)
-
-    @property
-    def registering(self) -> bool:
-        """Some request still has prompt units to cache when it computes them."""
-        return bool(self._open)
 
     def _register(self, rid: int, tokens: int) -> None:
         """Cache the request's prompt units that ``tokens`` of KV now cover (its next one
@@ -553,7 +549,8 @@ def refresh_queued(inst: Instance, kv: PrefixCachingKVManager) -> None:
     as vLLM's lookup at scheduling time does). Runs before a decision; arrivals look up
     here. The queued retry only after a request arrived or ended here and the cache grew
     since the last retry: both stop a fast-forwarded run, so single steps and fast runs
-    retry at the same decisions."""
+    retry at the same decisions. (The instance calls it only after an arrival or an end:
+    the first test below, made there to spare most decisions a call.)"""
     arrived = kv.arrived
     if arrived:
         me = inst.instance_id
