@@ -29,6 +29,8 @@ from typing import Any
 
 from prefix_caching import config
 
+# Reads replayed as reads (``registering`` is an attribute, no longer a property: its read
+# costs what the engine's costs).
 PROPS = ("num_free_blocks", "num_cached_blocks", "registering", "num_used_blocks")
 _LOG: list[tuple[int, str, Any]] = []
 _MGRS: list[tuple[Any, Any]] = []

@@ -222,3 +222,31 @@ def test_blocks_needed_asks_a_subclass_own_count() -> None:
         kv = cls(num_blocks=8, block_size=4)
         kv.allocate(1, 4)
         assert kv.blocks_needed(1, 5) == want, cls.__name__
+
+
+def test_paged_managers_share_their_block_id_ints() -> None:
+    # One set of int objects for every manager (engine/kv.py, _block_ids): fewer objects
+    # to touch when ids move; each manager still owns its free list.
+    from sloserve.engine import kv as kv_module
+
+    a, b = PagedKVManager(2000), PagedKVManager(1500)
+    assert a._free == list(range(1999, -1, -1)) and b._free == list(range(1499, -1, -1))
+    assert all(x is y for x, y in zip(a._free[-1500:], b._free, strict=True))
+    a.allocate(0, 16)
+    assert len(b._free) == 1500  # not shared: the lists
+    big = kv_module._SHARED_MAX + 1
+    assert kv_module._block_ids(big)[0] == big - 1  # its own list above the cap
+    assert len(kv_module._shared_ids) <= kv_module._SHARED_MAX
+
+
+def test_a_caching_manager_subclass_may_keep_registering_a_property() -> None:
+    from sloserve.engine.prefix_cache import PrefixCachingKVManager
+
+    class Own(PrefixCachingKVManager):
+        @property  # type: ignore[override]
+        def registering(self) -> tuple[int, ...]:
+            return ()
+
+    assert Own(64, 16).registering == ()
+    plain = PrefixCachingKVManager(64, 16)
+    assert plain.registering is plain._open  # the attribute: its open requests' dict

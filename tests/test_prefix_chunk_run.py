@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import count_schedule_calls, drive, outcome, small_linear_cost
+from sloserve.core.errors import SchedulerViolation
 from sloserve.core.predictor import make_predictor
 from sloserve.core.request import Request
 from sloserve.costmodel.base import ConstantCostModel
@@ -189,6 +190,25 @@ def test_registering_at_the_chain_end_only_is_caught(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(chunk_run, "_register_ended", lambda kv, req, n, k: None)
     bad = _simulate(_SETUP, _SPEC, probes=probes)
     assert bad["probes"] != off["probes"]
+
+
+def test_a_decode_still_registering_in_a_chain_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A chain registers only its prompt's units (_register_ended): the debug checks catch a
+    # batch whose other entries could still register some.
+    real = chunk_run.advance
+    seen: list[int] = []
+
+    def tainted(inst: Instance, pending: Any) -> None:
+        final = pending.final
+        if final is not None and final.decode_ids and not seen:
+            seen.append(final.decode_ids[0])
+            inst.kv._open[final.decode_ids[0]] = 1 << 40  # type: ignore[attr-defined]
+        real(inst, pending)
+
+    monkeypatch.setattr(chunk_run, "advance", tainted)
+    with pytest.raises(SchedulerViolation, match="an entry besides its prompt registers"):
+        _simulate(_SETUP, _SPEC)
+    assert seen
 
 
 def test_a_cached_prompt_priced_from_token_zero_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -313,8 +313,8 @@ def _register_ended(kv: PrefixCachingKVManager, req: Request, n: int, k: int) ->
     (delivered when the chain ends): register the prompt units they completed, as
     :meth:`PrefixCachingKVManager.retired` did when the retire had delivered them. Only
     the prompt ``req`` (``n`` tokens an iteration) can: the run's other entries are
-    running decodes, whose prompts were registered whole when they completed
-    (:func:`_check_skipped` checks it)."""
+    running decodes, which left the manager's open requests at the retire that completed
+    their prompt (:func:`_check_skipped` checks it)."""
     at = kv._open.get(req.req_id)
     if at is not None:
         done = req.num_computed_tokens + k * n

@@ -7,6 +7,7 @@ the free list is a stack, so allocating or freeing a block is O(1).
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 
@@ -85,7 +86,8 @@ class KVCacheManager(ABC):
     registering: Collection[int] = ()
     """Non-empty while :meth:`retired` wants the batches that end (prefix caching: the
     requests still to cache prompt units); read for its truth only, at every retire. An
-    attribute, not a property: a property was a call per iteration."""
+    attribute, not a property: a property was a call per iteration (a subclass may still
+    define a property; the caching manager then leaves it alone)."""
 
     def retired(self, batch: Sequence[tuple[Request, int]]) -> None:  # noqa: B027
         """An iteration of ``batch`` ended (called only while :attr:`registering`)."""
@@ -212,7 +214,11 @@ class KVCacheManager(ABC):
 
 _shared_ids: list[int] = []
 """Block ids ``0 .. n-1`` as one set of int objects for every paged manager (never
-mutated: a larger one replaces it)."""
+mutated: a larger one replaces it, under :data:`_shared_lock`)."""
+_shared_lock = threading.Lock()
+_SHARED_MAX = 1 << 20
+"""Managers with more blocks build their own ids: the shared list lives as long as the
+process, and one of 2**20 ids is ~40 MiB."""
 
 
 def _block_ids(n: int) -> list[int]:
@@ -222,13 +228,18 @@ def _block_ids(n: int) -> list[int]:
     reference counts: with its own ints per manager, 16 replicas' ids are 16 times the
     memory to touch (an 8B model's 28,693 blocks: 0.9 MiB of int objects a replica, past
     a core's L2 cache for 16 of them). Sharing them made the Mooncake run with prefix
-    caching 1.5 % faster (``benchmarks/prefix_caching.py --speed``; caching off: the
-    same). A race only builds the list twice: each caller gets a correct one."""
+    caching ~1.5 % faster (``docs/prefix-caching-history.md``, seventh pass; caching off:
+    the same)."""
     global _shared_ids
+    if n > _SHARED_MAX:
+        return list(range(n - 1, -1, -1))
     ids = _shared_ids
     if len(ids) < n:
-        ids = _shared_ids = list(range(n))
-    return ids[n - 1 :: -1] if n else []
+        with _shared_lock:  # (a smaller list built meanwhile must not replace a larger one)
+            ids = _shared_ids
+            if len(ids) < n:
+                ids = _shared_ids = list(range(n))
+    return ids[n - 1 :: -1]
 
 
 class PagedKVManager(KVCacheManager):

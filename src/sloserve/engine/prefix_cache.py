@@ -133,7 +133,8 @@ class PrefixCachingKVManager(PagedKVManager):
         # Requests that still register their new units -> the computed tokens at which
         # their next unit is complete (retiring a batch skips the others at one test).
         self._open: dict[int, int] = {}
-        self.registering = self._open  # (the base class's attribute: the same dict)
+        if not isinstance(getattr(type(self), "registering", None), property):
+            self.registering = self._open  # (the base class's attribute: the same dict)
         self._transfer = 0
         # CPU-tier hits are priced in the iteration that admits their request (the copy
         # overlaps nothing before it), so that single steps and fast runs price them alike.
