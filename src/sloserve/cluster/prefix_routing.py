@@ -167,6 +167,10 @@ class PrefixRouter(PipelineRouter):
         if cached is not None:  # (min inlined: the scorer runs for every replica)
             prompt = req.prompt_tokens
             return 1.0 - (cached if cached < prompt else prompt) / prompt
+        return self._indexed_miss(req, r)
+
+    def _indexed_miss(self, req: RouteRequest, r: ReplicaView) -> float:
+        """The miss fraction by the router's own index, for a view that cannot answer."""
         self._blind.add(r.replica_id)
         keys = self._chain_of(req)
         return 1.0 - self.index.matched(r.replica_id, keys) / len(keys)
@@ -183,9 +187,7 @@ class PrefixRouter(PipelineRouter):
         out = []
         for r, cached in zip(cand, cached_prefix_tokens_all(req, cand), strict=True):
             if cached is None:  # as _miss_fraction does for a view that answers None
-                self._blind.add(r.replica_id)
-                keys = self._chain_of(req)
-                out.append(1.0 - self.index.matched(r.replica_id, keys) / len(keys))
+                out.append(self._indexed_miss(req, r))
             else:
                 out.append(1.0 - (cached if cached < prompt else prompt) / prompt)
         return out

@@ -273,7 +273,8 @@ class Instance:
         if self.incoming:
             self._admit_incoming(now)
         pkv = self._prefix_kv
-        # (refresh_queued's first test here: most decisions have nothing to look up)
+        # Queued lookups retry only after an arrival or an end (refresh_queued's docstring);
+        # tested here: most decisions have neither.
         if pkv is not None and (pkv.arrived or len(self.done) != pkv._ended_seen):
             prefix_cache.refresh_queued(self, pkv)
         cont = self._cont  # running decodes the policy may promise to schedule again
@@ -282,7 +283,7 @@ class Instance:
             out = decode_run.repeat(self, cont)  # (:mod:`.decode_run`)
         if out is None:
             out = self.scheduler.schedule(self.view)
-        if pkv is not None and not out.batch:  # queued requests release prefixes
+        if pkv is not None and not out.batch:  # no batch: queued requests release prefixes
             out = prefix_cache.unblock(self, pkv, out)
         if out.empty:
             self._busy = False

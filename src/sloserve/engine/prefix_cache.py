@@ -550,8 +550,10 @@ def refresh_queued(inst: Instance, kv: PrefixCachingKVManager) -> None:
     as vLLM's lookup at scheduling time does). Runs before a decision; arrivals look up
     here. The queued retry only after a request arrived or ended here and the cache grew
     since the last retry: both stop a fast-forwarded run, so single steps and fast runs
-    retry at the same decisions. (The instance calls it only after an arrival or an end:
-    the first test below, made there to spare most decisions a call.)"""
+    retry at the same decisions (a preemption or a release inside a decision does not,
+    and would retry at different decisions). The instance calls it only then: when
+    ``kv.arrived`` holds requests or ``inst.done`` grew past ``kv._ended_seen`` (tested
+    there, to spare most decisions a call)."""
     arrived = kv.arrived
     if arrived:
         me = inst.instance_id
@@ -559,10 +561,6 @@ def refresh_queued(inst: Instance, kv: PrefixCachingKVManager) -> None:
             if r.status in _QUEUED and r.instance_id == me and not r.num_computed_tokens:
                 reuse_prefix(inst, r)
         arrived.clear()
-    # Only arrivals and ends trigger a retry: both stop a fast-forwarded run (a preemption
-    # or a release inside a decision does not, and would retry at different decisions).
-    elif len(inst.done) == kv._ended_seen:
-        return
     kv._ended_seen = len(inst.done)
     if kv.registered == kv._refreshed_at:
         return

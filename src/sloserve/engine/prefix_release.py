@@ -22,9 +22,10 @@ _QUEUED = (RequestStatus.WAITING, RequestStatus.PREEMPTED_RECOMPUTE)
 
 
 def unblock(inst: Instance, kv: PrefixCachingKVManager, out: SchedulerOutput) -> SchedulerOutput:
-    """``out`` as the policy decided, or, when it has no batch and queued requests held
-    cached blocks (now released, :func:`release_queued_prefixes`), the policy's new one."""
-    if out.batch or not release_queued_prefixes(inst, kv):
+    """The policy's answer ``out`` had no batch (the instance calls this only then):
+    ``out`` itself, or, when queued requests held cached blocks (now released,
+    :func:`release_queued_prefixes`), the policy's new answer."""
+    if not release_queued_prefixes(inst, kv):
         return out
     return inst.scheduler.schedule(inst.view)
 
